@@ -1,0 +1,85 @@
+"""The cache directory: one lock for concurrent builds, atomic writes, content keys.
+
+Everything that lands in the cache is written to a temporary sibling and renamed into
+place, so a run killed at any moment leaves either the old entry or the new one, never a
+half-written one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from builder import progress
+
+
+@contextmanager
+def locked(cache_dir: Path) -> Iterator[None]:
+    """Hold the cache lock; say so when another builder run has it."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(cache_dir / "builder.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        progress.info(f"waiting for another builder run to release {lock.lock_file} ...")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def content_key(inputs: dict) -> str:
+    """A stable hash of everything that goes into a product."""
+    canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def remove_tree(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+@contextmanager
+def staging_dir(final: Path) -> Iterator[Path]:
+    """A temporary directory beside `final`, moved into place only if the block succeeds."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        yield staging
+        remove_tree(final)
+        os.replace(staging, final)
+    finally:
+        remove_tree(staging)
+
+
+def atomic_copy(source: Path, destination: Path) -> None:
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    partial = destination.with_name(f".{destination.name}.partial")
+    shutil.copyfile(source, partial)
+    os.replace(partial, destination)
+
+
+def atomic_write_text(destination: Path, text: str) -> None:
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    partial = destination.with_name(f".{destination.name}.partial")
+    partial.write_text(text)
+    os.replace(partial, destination)

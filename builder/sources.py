@@ -1,0 +1,229 @@
+"""Stage 1: upstream sources at their pinned commits, with pygit2.
+
+Each upstream (and each submodule) has a bare mirror in the cache, fetched only when the
+pinned commit is missing (shallow where the remote allows it). A work directory per target
+and upstream is a normal repository that borrows the mirror's objects (git alternates), so
+a checkout copies no history. The checked-out commit is verified against the pin.
+"""
+
+from __future__ import annotations
+
+import configparser
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pygit2
+from pygit2.enums import CheckoutStrategy, ObjectType
+
+from builder import progress
+from builder.cache import remove_tree, staging_dir
+from builder.errors import BuilderError
+from builder.settings import Mirrors
+from builder.target import Fork
+
+ALL_REFS = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
+_CLEAN_CHECKOUT = (
+    CheckoutStrategy.FORCE | CheckoutStrategy.REMOVE_UNTRACKED | CheckoutStrategy.REMOVE_IGNORED
+)
+
+
+@dataclass(frozen=True)
+class Submodule:
+    path: str
+    url: str
+    commit: str
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """A work directory at a verified commit, with its submodules checked out."""
+
+    name: str
+    path: Path
+    commit: str
+    submodules: tuple[Submodule, ...]
+
+
+class _FetchProgress(pygit2.RemoteCallbacks):
+    def __init__(self, bar, url: str) -> None:
+        super().__init__()
+        self._bar = bar
+        self._url = url
+
+    def transfer_progress(self, stats: pygit2.remotes.TransferProgress) -> None:
+        task_id = self._bar.task_ids[0]
+        self._bar.update(task_id, total=stats.total_objects, completed=stats.received_objects)
+
+    def credentials(self, url: str, username_from_url: str | None, allowed_types):
+        if allowed_types & pygit2.enums.CredentialType.SSH_KEY:
+            return pygit2.KeypairFromAgent(username_from_url or "git")
+        return None
+
+
+def _mirror_path(cache_dir: Path, url: str) -> Path:
+    """Mirrors are keyed on the pinned URL, so switching a site mirror reuses the cache."""
+    parts = urlsplit(url)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", (parts.path or url).strip("/"))[-60:]
+    digest = hashlib.sha256(url.encode()).hexdigest()[:10]
+    return cache_dir / "mirrors" / f"{slug}-{digest}"
+
+
+def _open_or_create_mirror(path: Path) -> pygit2.Repository:
+    if path.is_dir():
+        try:
+            return pygit2.Repository(str(path))
+        except pygit2.GitError:
+            progress.warn(f"{path}: damaged mirror, fetching it again")
+            remove_tree(path)
+    with staging_dir(path) as staging:
+        pygit2.init_repository(str(staging), bare=True)
+    return pygit2.Repository(str(path))
+
+
+def _has_commit(repo: pygit2.Repository, commit: str) -> bool:
+    try:
+        obj = repo.get(commit)
+    except (ValueError, pygit2.GitError):
+        return False
+    return obj is not None and obj.type == ObjectType.COMMIT
+
+
+def _fetch(repo: pygit2.Repository, url: str, refspecs: list[str], shallow: bool, what: str):
+    remote = repo.remotes.create_anonymous(url)
+    with progress.task(f"fetch {url}") as bar:
+        callbacks = _FetchProgress(bar, url)
+        try:
+            if shallow:
+                try:
+                    remote.fetch(refspecs, callbacks=callbacks, depth=1)
+                    return
+                except pygit2.GitError as exc:
+                    if "shallow" not in str(exc):
+                        raise
+            remote.fetch(refspecs, callbacks=callbacks)
+        except pygit2.GitError as exc:
+            raise BuilderError(f"{what}: fetching {url} failed: {exc}") from None
+
+
+def ensure_commit(
+    cache_dir: Path,
+    url: str,
+    commit: str,
+    mirrors: Mirrors,
+    what: str,
+    ref: str | None = None,
+) -> Path:
+    """The mirror holding `commit`, fetched from `url` (rewritten by `mirrors`) if needed."""
+    path = _mirror_path(cache_dir, url)
+    repo = _open_or_create_mirror(path)
+    if _has_commit(repo, commit):
+        return path
+    effective = mirrors.rewrite(url)
+    if ref:
+        _fetch(repo, effective, [f"+{ref}:{ref}"], shallow=True, what=what)
+        fetched = repo.references.get(ref)
+        if fetched is None:
+            raise BuilderError(f"{what}: {effective} has no ref {ref}")
+        tip = str(fetched.peel(pygit2.Commit).id)
+        if tip != commit:
+            raise BuilderError(f"{what}: {ref} at {effective} is commit {tip}, the pin says {commit}")
+    else:
+        _fetch(repo, effective, ALL_REFS, shallow=False, what=what)
+    if not _has_commit(repo, commit):
+        raise BuilderError(f"{what}: commit {commit} is not on any branch or tag of {effective}")
+    return path
+
+
+def _open_workdir(path: Path, mirror: Path) -> pygit2.Repository:
+    """A work repository borrowing `mirror`'s objects; recreated if missing or damaged."""
+    alternates = f"{mirror / 'objects'}\n"
+    try:
+        repo = pygit2.Repository(str(path))
+        if (Path(repo.path) / "objects/info/alternates").read_text() == alternates:
+            return repo
+    except (pygit2.GitError, FileNotFoundError):
+        pass
+    remove_tree(path)
+    with staging_dir(path) as staging:
+        pygit2.init_repository(str(staging))
+        (staging / ".git/objects/info/alternates").write_text(alternates)
+    return pygit2.Repository(str(path))
+
+
+def checkout_commit(repo: pygit2.Repository, commit: str) -> None:
+    """Make the work tree exactly `commit` (detached): no local edits, no stray files."""
+    target = repo.get(commit)
+    repo.checkout_tree(target, strategy=_CLEAN_CHECKOUT)
+    repo.set_head(target.id)
+    if str(repo.head.target) != commit:
+        raise BuilderError(f"{repo.workdir}: checkout ended at {repo.head.target}, expected {commit}")
+
+
+def _resolve_submodule_url(parent_url: str, url: str) -> str:
+    if not url.startswith(("./", "../")):
+        return url
+    base = parent_url.rstrip("/")
+    for part in url.split("/"):
+        if part == "..":
+            base = base.rsplit("/", 1)[0]
+        elif part not in (".", ""):
+            base = f"{base}/{part}"
+    return base
+
+
+def read_submodules(repo: pygit2.Repository, commit: str, parent_url: str) -> list[Submodule]:
+    """Submodules of `commit` from its .gitmodules and gitlinks (not from the work tree)."""
+    tree = repo.get(commit).tree
+    if ".gitmodules" not in tree:
+        return []
+    parser = configparser.ConfigParser(interpolation=None)
+    text = tree[".gitmodules"].data.decode()
+    parser.read_string("\n".join(line.strip() for line in text.splitlines()))
+    found = []
+    for section in parser.sections():
+        path = parser.get(section, "path", fallback=None)
+        url = parser.get(section, "url", fallback=None)
+        if not path or not url:
+            raise BuilderError(f".gitmodules at {commit[:12]}: [{section}] lacks path or url")
+        try:
+            entry = tree[path]
+        except KeyError:
+            continue  # declared but not in the tree at this commit
+        if entry.filemode != pygit2.enums.FileMode.COMMIT:
+            continue
+        found.append(Submodule(path, _resolve_submodule_url(parent_url, url), str(entry.id)))
+    return found
+
+
+def checkout_submodules(
+    cache_dir: Path, repo: pygit2.Repository, commit: str, url: str, mirrors: Mirrors, what: str
+) -> tuple[Submodule, ...]:
+    submodules = tuple(read_submodules(repo, commit, url))
+    root = Path(repo.workdir)
+    for sub in submodules:
+        label = f"{what} submodule {sub.path}"
+        mirror = ensure_commit(cache_dir, sub.url, sub.commit, mirrors, label)
+        sub_repo = _open_workdir(root / sub.path, mirror)
+        checkout_commit(sub_repo, sub.commit)
+        checkout_submodules(cache_dir, sub_repo, sub.commit, sub.url, mirrors, label)
+    return submodules
+
+
+def workdir_path(cache_dir: Path, target: str, name: str) -> Path:
+    return cache_dir / "work" / target / name
+
+
+def fetch_and_checkout(
+    cache_dir: Path, target: str, fork: Fork, mirrors: Mirrors
+) -> Checkout:
+    """The upstream at its pinned commit in the target's work directory, submodules included."""
+    what = str(fork.directory / "pin.toml")
+    mirror = ensure_commit(cache_dir, fork.url, fork.commit, mirrors, what, ref=fork.ref)
+    path = workdir_path(cache_dir, target, fork.name)
+    repo = _open_workdir(path, mirror)
+    checkout_commit(repo, fork.commit)
+    submodules = checkout_submodules(cache_dir, repo, fork.commit, fork.url, mirrors, what)
+    return Checkout(fork.name, path, fork.commit, submodules)

@@ -1,0 +1,224 @@
+"""Targets and upstream pins, read from the project data (`images/`, `forks/`).
+
+A target (`images/<name>/target.toml`) says what to build for one GPU family; a fork
+(`forks/<upstream>/pin.toml` + `patches/<series>/`) says which upstream commit to start
+from and how to build its wheel. Every problem is reported as one line naming the file
+and the field.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from builder.cuda import MIN_CUDA_FOR_ARCH, arch_base
+from builder.errors import BuilderError
+
+_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+_ARCH_RE = re.compile(r"^\d+\.\d+[af]?$")
+_LABEL_RE = re.compile(r"^[a-z0-9]+$")
+
+
+@dataclass(frozen=True)
+class WheelBuild:
+    """How to build one upstream's wheel from its fork checkout."""
+
+    dist_name: str
+    project_dir: str
+    version_env: str
+    version_env_value: str  # "{version}" or "{local}", formatted at build time
+    clean: tuple[str, ...]
+    must_contain: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Fork:
+    """One upstream: where it comes from, which commit, which patch series, how to build."""
+
+    name: str
+    url: str
+    ref: str
+    commit: str
+    version: str
+    reason: str
+    wheel: WheelBuild
+    directory: Path
+
+    def series_dir(self, series: str) -> Path:
+        return self.directory / "patches" / series
+
+    def patch_files(self, series: str) -> list[Path]:
+        directory = self.series_dir(series)
+        if not directory.is_dir():
+            raise BuilderError(f"{directory}: patch series '{series}' does not exist")
+        return sorted(directory.glob("*.patch"))
+
+
+@dataclass(frozen=True)
+class UpstreamUse:
+    """A target's use of one fork: which patch series it applies."""
+
+    fork: Fork
+    series: str
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    local_label: str
+    cuda_version: Version
+    arch_list: tuple[str, ...]
+    base_image: str
+    python_version: str
+    torch_version: str
+    upstreams: dict[str, UpstreamUse]
+    jit_modules: tuple[str, ...]
+    file: Path
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+
+class _Reader:
+    """Typed access to a parsed TOML table that names file and field on every error."""
+
+    def __init__(self, path: Path, table: dict[str, Any], prefix: str = "") -> None:
+        self.path = path
+        self.table = table
+        self.prefix = prefix
+
+    def fail(self, key: str, message: str) -> BuilderError:
+        return BuilderError(f"{self.path}: field '{self.prefix}{key}' {message}")
+
+    def get(self, key: str, kind: type, default: Any = ...) -> Any:
+        if key not in self.table:
+            if default is ...:
+                raise self.fail(key, "is missing")
+            return default
+        value = self.table[key]
+        if not isinstance(value, kind):
+            raise self.fail(key, f"must be a {kind.__name__}, not {type(value).__name__}")
+        return value
+
+    def sub(self, key: str, default: Any = ...) -> _Reader:
+        table = self.get(key, dict, default)
+        return _Reader(self.path, table or {}, f"{self.prefix}{key}.")
+
+    def strings(self, key: str, default: Any = ...) -> tuple[str, ...]:
+        values = self.get(key, list, default)
+        if not all(isinstance(v, str) for v in values):
+            raise self.fail(key, "must be a list of strings")
+        return tuple(values)
+
+
+def _load_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise BuilderError(f"{path}: file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise BuilderError(f"{path}: not valid TOML ({exc})") from None
+
+
+def load_fork(data_dir: Path, name: str) -> Fork:
+    path = data_dir / "forks" / name / "pin.toml"
+    reader = _Reader(path, _load_toml(path))
+    commit = reader.get("commit", str)
+    if not _SHA_RE.match(commit):
+        raise reader.fail("commit", f"must be a full 40-character lowercase SHA, got '{commit}'")
+    version = reader.get("version", str)
+    try:
+        if Version(version).local:
+            raise reader.fail("version", "must be the upstream release, without a +local label")
+    except InvalidVersion:
+        raise reader.fail("version", f"'{version}' is not a PEP 440 version") from None
+    build = reader.sub("build")
+    env_value = build.get("version_env_value", str)
+    if env_value not in ("{version}", "{local}"):
+        raise build.fail("version_env_value", "must be '{version}' or '{local}'")
+    return Fork(
+        name=name,
+        url=reader.get("url", str),
+        ref=reader.get("ref", str),
+        commit=commit,
+        version=version,
+        reason=reader.get("reason", str, ""),
+        wheel=WheelBuild(
+            dist_name=build.get("dist_name", str),
+            project_dir=build.get("project_dir", str, ""),
+            version_env=build.get("version_env", str),
+            version_env_value=env_value,
+            clean=build.strings("clean", []),
+            must_contain=build.strings("must_contain", []),
+        ),
+        directory=path.parent,
+    )
+
+
+def available_targets(data_dir: Path) -> list[str]:
+    return sorted(p.parent.name for p in (data_dir / "images").glob("*/target.toml"))
+
+
+def load_target(data_dir: Path, name: str) -> Target:
+    path = data_dir / "images" / name / "target.toml"
+    if not path.is_file():
+        known = ", ".join(available_targets(data_dir)) or "none"
+        raise BuilderError(f"unknown target '{name}': no {path} (known targets: {known})")
+    raw = _load_toml(path)
+    reader = _Reader(path, raw)
+
+    label = reader.get("local_label", str, name)
+    if not _LABEL_RE.match(label):
+        raise reader.fail("local_label", "must be lowercase letters and digits (a PEP 440 label)")
+
+    cuda = reader.sub("cuda")
+    try:
+        cuda_version = Version(cuda.get("version", str))
+    except InvalidVersion:
+        raise cuda.fail("version", "is not a version number") from None
+    arch_list = cuda.strings("arch_list")
+    if not arch_list:
+        raise cuda.fail("arch_list", "must name at least one architecture")
+    for arch in arch_list:
+        if not _ARCH_RE.match(arch):
+            raise cuda.fail("arch_list", f"has '{arch}', expected a form like '12.0a' or '9.0'")
+        minimum = MIN_CUDA_FOR_ARCH.get(arch_base(arch))
+        if minimum is None:
+            raise cuda.fail("arch_list", f"has unknown architecture '{arch}'")
+        if cuda_version < minimum:
+            raise cuda.fail(
+                "version",
+                f"is {cuda_version}, but arch {arch} needs CUDA >= {minimum}",
+            )
+
+    upstreams: dict[str, UpstreamUse] = {}
+    table = reader.sub("upstreams")
+    if not table.table:
+        raise reader.fail("upstreams", "must list at least one upstream")
+    for upstream_name in table.table:
+        entry = table.sub(upstream_name)
+        fork_name = entry.get("fork", str, upstream_name)
+        upstreams[upstream_name] = UpstreamUse(
+            fork=load_fork(data_dir, fork_name), series=entry.get("series", str)
+        )
+        upstreams[upstream_name].fork.patch_files(upstreams[upstream_name].series)
+
+    return Target(
+        name=name,
+        description=reader.get("description", str, ""),
+        local_label=label,
+        cuda_version=cuda_version,
+        arch_list=arch_list,
+        base_image=reader.sub("image").get("base", str),
+        python_version=reader.sub("python").get("version", str),
+        torch_version=reader.sub("torch").get("version", str),
+        upstreams=upstreams,
+        jit_modules=reader.sub("jit", {}).strings("modules", []),
+        file=path,
+        raw=raw,
+    )

@@ -1,0 +1,194 @@
+"""Real upstream source for the tests, without GitHub.
+
+Downloads the sglang and flashinfer-python sdists from PyPI (cached outside the
+repository) and turns each into a git repository with the upstream layout: sglang's
+sdist root becomes `python/`, flashinfer's vendored cutlass and spdlog become real git
+submodules. The bare repositories are laid out like GitHub (`<root>/<owner>/<name>.git`),
+so the tests reach them through builder's own `--mirror https://github.com/=file://<root>/`
+rewrite, exactly as an air-gapped site would.
+
+Run as a script to build the repositories once by hand (e.g. to write patches):
+    python -m tests.upstreams /tmp/github
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+SDIST_CACHE = Path(
+    os.environ.get("BUILDER_TEST_SDIST_CACHE", Path.home() / ".cache" / "builder-test-sdists")
+)
+
+# Fixed identity and dates: the fixture commits get the same SHAs on every machine.
+_GIT_ENV = {
+    "GIT_AUTHOR_NAME": "upstream fixture",
+    "GIT_AUTHOR_EMAIL": "fixture@example.invalid",
+    "GIT_COMMITTER_NAME": "upstream fixture",
+    "GIT_COMMITTER_EMAIL": "fixture@example.invalid",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "HOME": "/nonexistent",
+    # The extracted sdist files belong to the archive's uid, not to us.
+    "GIT_CONFIG_COUNT": "1",
+    "GIT_CONFIG_KEY_0": "safe.directory",
+    "GIT_CONFIG_VALUE_0": "*",
+}
+
+# Files the sdist build generates that upstream git does not track.
+_SDIST_ONLY = ("PKG-INFO", "setup.cfg")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One upstream release as a commit: repository, tag and the sdist it is made of."""
+
+    owner: str
+    name: str
+    dist: str
+    version: str
+    tag: str
+    sdist_root_in_git: str  # "" or "python"
+    generated_files: tuple[str, ...]
+    submodules: tuple[tuple[str, str, str], ...] = ()  # (path, owner, name)
+
+
+SGLANG = Snapshot(
+    owner="sgl-project",
+    name="sglang",
+    dist="sglang",
+    version="0.5.9",
+    tag="v0.5.9",
+    sdist_root_in_git="python",
+    generated_files=("sglang/_version.py",),
+)
+FLASHINFER = Snapshot(
+    owner="flashinfer-ai",
+    name="flashinfer",
+    dist="flashinfer-python",
+    version="0.6.3",
+    tag="v0.6.3",
+    sdist_root_in_git="",
+    generated_files=("flashinfer/_build_meta.py",),
+    submodules=(
+        ("3rdparty/cutlass", "NVIDIA", "cutlass"),
+        ("3rdparty/spdlog", "gabime", "spdlog"),
+    ),
+)
+
+
+def fetch_sdist(dist: str, version: str) -> Path:
+    """The sdist file from PyPI (simple JSON API), cached and sha256-checked."""
+    SDIST_CACHE.mkdir(parents=True, exist_ok=True)
+    request = urllib.request.Request(
+        f"https://pypi.org/simple/{dist}/",
+        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+    )
+    normalized = dist.replace("-", "_")
+    cached = [p for p in SDIST_CACHE.glob(f"{normalized}-{version}.tar.gz")]
+    if cached:
+        return cached[0]
+    with urllib.request.urlopen(request, timeout=60) as response:
+        index = json.load(response)
+    wanted = f"{normalized}-{version}.tar.gz"
+    entry = next(f for f in index["files"] if f["filename"] == wanted)
+    with urllib.request.urlopen(entry["url"], timeout=300) as response:
+        payload = response.read()
+    if hashlib.sha256(payload).hexdigest() != entry["hashes"]["sha256"]:
+        raise RuntimeError(f"sha256 mismatch for {wanted}")
+    target = SDIST_CACHE / wanted
+    partial = target.with_suffix(".partial")
+    partial.write_bytes(payload)
+    partial.replace(target)
+    return target
+
+
+def _git(*args: str, cwd: Path) -> str:
+    env = {**os.environ, **_GIT_ENV, "GIT_AUTHOR_DATE": "1700000000 +0000",
+           "GIT_COMMITTER_DATE": "1700000000 +0000"}
+    result = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"git {' '.join(args)} in {cwd}: {result.stderr.strip()}")
+    return result.stdout.strip()
+
+
+def _commit_tree(
+    work: Path, message: str, tag: str | None, gitlinks: dict[str, str] | None = None
+) -> str:
+    _git("add", "-A", "-f", ".", cwd=work)
+    for path, commit in (gitlinks or {}).items():
+        _git("update-index", "--add", "--cacheinfo", f"160000,{commit},{path}", cwd=work)
+    _git("commit", "-q", "--allow-empty", "-m", message, cwd=work)
+    if tag:
+        _git("tag", tag, cwd=work)
+    return _git("rev-parse", "HEAD", cwd=work)
+
+
+def _publish_bare(work: Path, bare: Path) -> None:
+    if bare.exists():
+        shutil.rmtree(bare)
+    bare.parent.mkdir(parents=True, exist_ok=True)
+    _git("clone", "-q", "--bare", str(work), str(bare), cwd=work.parent)
+
+
+def build_repository(snapshot: Snapshot, root: Path) -> str:
+    """Create `<root>/<owner>/<name>.git` from the sdist; return the tagged commit SHA."""
+    sdist = fetch_sdist(snapshot.dist, snapshot.version)
+    with tempfile.TemporaryDirectory(prefix=f"fixture-{snapshot.name}-") as tmp:
+        tmp_path = Path(tmp)
+        with tarfile.open(sdist) as archive:
+            archive.extractall(tmp_path, filter="tar")
+        (extracted,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+        for name in _SDIST_ONLY:
+            (extracted / name).unlink(missing_ok=True)
+        for egg_info in extracted.glob("*.egg-info"):
+            shutil.rmtree(egg_info)
+        for generated in snapshot.generated_files:
+            (extracted / generated).unlink(missing_ok=True)
+
+        work = tmp_path / "work"
+        (work / snapshot.sdist_root_in_git).mkdir(parents=True, exist_ok=True)
+        for item in extracted.iterdir():
+            shutil.move(str(item), work / snapshot.sdist_root_in_git / item.name)
+        if not snapshot.sdist_root_in_git:
+            # flashinfer's git tree carries its version in version.txt (the sdist in PKG-INFO).
+            (work / "version.txt").write_text(f"{snapshot.version}\n")
+        _git("init", "-q", "-b", "main", cwd=work)
+
+        gitmodules = []
+        gitlinks = {}
+        for path, owner, name in snapshot.submodules:
+            sub_work = work / path
+            _git("init", "-q", "-b", "main", cwd=sub_work)
+            sub_commit = _commit_tree(sub_work, f"{name} as vendored by {snapshot.dist}", None)
+            _publish_bare(sub_work, root / owner / f"{name}.git")
+            shutil.rmtree(sub_work)
+            gitlinks[path] = sub_commit
+            gitmodules.append(
+                f'[submodule "{path}"]\n\tpath = {path}\n'
+                f"\turl = https://github.com/{owner}/{name}.git\n"
+            )
+        if gitmodules:
+            (work / ".gitmodules").write_text("".join(gitmodules))
+        commit = _commit_tree(
+            work, f"{snapshot.dist} {snapshot.version}", snapshot.tag, gitlinks
+        )
+        _publish_bare(work, root / snapshot.owner / f"{snapshot.name}.git")
+    return commit
+
+
+def build_all(root: Path) -> dict[str, str]:
+    """Both upstreams under `root`; returns {upstream name: pinned commit}."""
+    return {snap.name: build_repository(snap, root) for snap in (SGLANG, FLASHINFER)}
+
+
+if __name__ == "__main__":
+    print(json.dumps(build_all(Path(sys.argv[1])), indent=2))
