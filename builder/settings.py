@@ -91,7 +91,7 @@ def resolve_mirrors(flags: list[str] | None) -> Mirrors:
     rules += [_parse_rule(r, MIRRORS_ENV) for r in os.environ.get(MIRRORS_ENV, "").split()]
     configured = _user_config().get("mirrors", {})
     if not isinstance(configured, dict):
-        raise BuilderError(f"{config_file()}: [mirrors] must be a table of FROM = \"TO\"")
+        raise BuilderError(f'{config_file()}: [mirrors] must be a table of FROM = "TO"')
     rules += [(src, str(dst)) for src, dst in configured.items()]
     # Earlier sources win for the same prefix.
     seen: dict[str, str] = {}

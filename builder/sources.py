@@ -129,7 +129,9 @@ def ensure_commit(
             raise BuilderError(f"{what}: {effective} has no ref {ref}")
         tip = str(fetched.peel(pygit2.Commit).id)
         if tip != commit:
-            raise BuilderError(f"{what}: {ref} at {effective} is commit {tip}, the pin says {commit}")
+            raise BuilderError(
+                f"{what}: {ref} at {effective} is commit {tip}, the pin says {commit}"
+            )
     else:
         _fetch(repo, effective, ALL_REFS, shallow=False, what=what)
     if not _has_commit(repo, commit):
@@ -159,7 +161,9 @@ def checkout_commit(repo: pygit2.Repository, commit: str) -> None:
     repo.checkout_tree(target, strategy=_CLEAN_CHECKOUT)
     repo.set_head(target.id)
     if str(repo.head.target) != commit:
-        raise BuilderError(f"{repo.workdir}: checkout ended at {repo.head.target}, expected {commit}")
+        raise BuilderError(
+            f"{repo.workdir}: checkout ended at {repo.head.target}, expected {commit}"
+        )
 
 
 def _resolve_submodule_url(parent_url: str, url: str) -> str:
@@ -216,9 +220,7 @@ def workdir_path(cache_dir: Path, target: str, name: str) -> Path:
     return cache_dir / "work" / target / name
 
 
-def fetch_and_checkout(
-    cache_dir: Path, target: str, fork: Fork, mirrors: Mirrors
-) -> Checkout:
+def fetch_and_checkout(cache_dir: Path, target: str, fork: Fork, mirrors: Mirrors) -> Checkout:
     """The upstream at its pinned commit in the target's work directory, submodules included."""
     what = str(fork.directory / "pin.toml")
     mirror = ensure_commit(cache_dir, fork.url, fork.commit, mirrors, what, ref=fork.ref)

@@ -112,8 +112,12 @@ def fetch_sdist(dist: str, version: str) -> Path:
 
 
 def _git(*args: str, cwd: Path) -> str:
-    env = {**os.environ, **_GIT_ENV, "GIT_AUTHOR_DATE": "1700000000 +0000",
-           "GIT_COMMITTER_DATE": "1700000000 +0000"}
+    env = {
+        **os.environ,
+        **_GIT_ENV,
+        "GIT_AUTHOR_DATE": "1700000000 +0000",
+        "GIT_COMMITTER_DATE": "1700000000 +0000",
+    }
     result = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
     if result.returncode:
         raise RuntimeError(f"git {' '.join(args)} in {cwd}: {result.stderr.strip()}")
@@ -178,9 +182,7 @@ def build_repository(snapshot: Snapshot, root: Path) -> str:
             )
         if gitmodules:
             (work / ".gitmodules").write_text("".join(gitmodules))
-        commit = _commit_tree(
-            work, f"{snapshot.dist} {snapshot.version}", snapshot.tag, gitlinks
-        )
+        commit = _commit_tree(work, f"{snapshot.dist} {snapshot.version}", snapshot.tag, gitlinks)
         _publish_bare(work, root / snapshot.owner / f"{snapshot.name}.git")
     return commit
 

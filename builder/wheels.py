@@ -1,0 +1,269 @@
+"""Stage 3: build each fork's wheel with `build`, verify it, and cache it by content.
+
+The version is `<upstream version>+<label>.g<fork sha7>` and lands in the wheel METADATA.
+SOURCE_DATE_EPOCH comes from the fork commit and build directories are cleaned first, so
+two clean builds give byte-identical wheels. A wheel is built in a staging directory,
+checked (version, patched lines, required files), and only then moved into the cache and
+copied into the wheelhouse: a failed or interrupted build leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import warnings
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import build
+import pygit2
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from builder import __version__, progress
+from builder.cache import atomic_copy, content_key, remove_tree, sha256_file, staging_dir
+from builder.errors import BuilderError
+from builder.patches import ForkResult, PatchFile
+from builder.sources import checkout_commit
+from builder.target import Fork
+
+BACKEND_PACKAGES = ("setuptools", "setuptools-scm", "wheel", "build")
+_LOG_TAIL_LINES = 15
+
+
+@dataclass(frozen=True)
+class BuiltWheel:
+    name: str
+    dist_name: str
+    version: str
+    filename: str
+    sha256: str
+    size: int
+    cache_key: str
+    cached: bool
+    path: Path
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["path"] = str(self.path)
+        return data
+
+
+def wheel_version(fork: Fork, label: str, fork_commit: str) -> str:
+    return f"{fork.version}+{label}.g{fork_commit[:7]}"
+
+
+def _build_env(fork: Fork, version: str, source_date_epoch: int) -> dict[str, str]:
+    local = version.split("+", 1)[1]
+    value = fork.wheel.version_env_value.format(version=version, local=local)
+    return {
+        fork.wheel.version_env: value,
+        "SOURCE_DATE_EPOCH": str(source_date_epoch),
+        "PYTHONHASHSEED": "0",
+    }
+
+
+def _cache_inputs(result: ForkResult, fork: Fork, version: str, env: dict[str, str]) -> dict:
+    repo = pygit2.Repository(str(result.checkout.path))
+    backend = {pkg: importlib.metadata.version(pkg) for pkg in BACKEND_PACKAGES}
+    return {
+        "builder": __version__,
+        "fork_commit": result.fork_commit,
+        "fork_tree": str(repo.get(result.fork_commit).tree.id),
+        "submodules": {s.path: s.commit for s in result.checkout.submodules},
+        "version": version,
+        "env": env,
+        "wheel_settings": asdict(fork.wheel),
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "backend": backend,
+    }
+
+
+def _runner(log_path: Path, extra_env: dict[str, str]):
+    def run(cmd, cwd=None, extra_environ=None):
+        env = {**os.environ, **(extra_environ or {}), **extra_env}
+        with log_path.open("ab") as log:
+            completed = subprocess.run(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        if completed.returncode:
+            raise subprocess.CalledProcessError(completed.returncode, cmd)
+
+    return run
+
+
+def _log_warnings(log_path: Path, caught: list[warnings.WarningMessage]) -> None:
+    """The backend's warnings go to the build log, not the user's terminal."""
+    with log_path.open("a") as log:
+        for warning in caught:
+            log.write(f"warning: {warning.message}\n")
+
+
+def _log_tail(log_path: Path) -> str:
+    lines = log_path.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:]
+    return "\n".join(f"    {line}" for line in lines)
+
+
+def _added_lines(patch: PatchFile) -> dict[str, list[str]]:
+    added: dict[str, list[str]] = {}
+    for file_patch in patch.files:
+        lines = [
+            line[1:].strip()
+            for line in file_patch.text.splitlines()
+            if line.startswith("+") and not line.startswith("+++") and line[1:].strip()
+        ]
+        if lines:
+            added[file_patch.path] = lines
+    return added
+
+
+def _members_for(path: str, names: list[str]) -> list[str]:
+    """Wheel members that hold the git file `path` (shipped under another prefix, maybe)."""
+    return [
+        name
+        for name in names
+        if name == path or path.endswith("/" + name) or name.endswith("/" + path)
+    ]
+
+
+def verify_wheel(wheel: Path, fork: Fork, version: str, patches: tuple[PatchFile, ...]) -> None:
+    """Fail unless the wheel says `version` in METADATA and holds every patch and file."""
+    name, wheel_ver, _, _ = parse_wheel_filename(wheel.name)
+    if canonicalize_name(name) != canonicalize_name(fork.wheel.dist_name):
+        raise BuilderError(
+            f"{wheel.name}: built distribution '{name}', expected '{fork.wheel.dist_name}'"
+        )
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata_name = next((n for n in names if n.endswith(".dist-info/METADATA")), None)
+        if metadata_name is None:
+            raise BuilderError(f"{wheel.name}: no .dist-info/METADATA")
+        metadata = archive.read(metadata_name).decode()
+        declared = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in metadata.splitlines()
+                if line.startswith("Version:")
+            ),
+            None,
+        )
+        if declared != version or str(wheel_ver) != version:
+            raise BuilderError(
+                f"{wheel.name}: METADATA says version {declared}, expected {version} "
+                f"(is {fork.wheel.version_env} honoured by {fork.name}'s build?)"
+            )
+        for required in fork.wheel.must_contain:
+            if not any(n == required or n.startswith(required.rstrip("/") + "/") for n in names):
+                raise BuilderError(
+                    f"{wheel.name}: missing {required} (listed in {fork.directory / 'pin.toml'} "
+                    "build.must_contain; were the submodules checked out?)"
+                )
+        for patch in patches:
+            shipped = 0
+            for path, lines in _added_lines(patch).items():
+                members = _members_for(path, names)
+                if not members:
+                    continue
+                shipped += 1
+                content = "\n".join(archive.read(m).decode(errors="replace") for m in members)
+                missing = [line for line in lines if line not in content]
+                if missing:
+                    raise BuilderError(
+                        f"{wheel.name}: {members[0]} lacks lines added by {patch.path.name}: "
+                        f"{missing[0]!r}"
+                    )
+            if patch.files and not shipped:
+                raise BuilderError(
+                    f"{wheel.name}: none of the files {patch.path.name} changes is in the wheel"
+                )
+
+
+def _clean(source: Path, fork: Fork) -> None:
+    for relative in fork.wheel.clean:
+        remove_tree(source / relative)
+
+
+def _run_build(
+    result: ForkResult, fork: Fork, env: dict[str, str], outdir: Path, log_path: Path
+) -> Path:
+    source = result.checkout.path / fork.wheel.project_dir
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text("")
+    project = build.ProjectBuilder(
+        source, python_executable=sys.executable, runner=_runner(log_path, env)
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        missing = project.check_dependencies("wheel")
+    _log_warnings(log_path, caught)
+    if missing:
+        names = ", ".join(sorted(" ".join(req) for req in missing))
+        raise BuilderError(
+            f"{fork.name}: build requirements missing from builder's environment: {names} "
+            "(reinstall builder: pip install -e .)"
+        )
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            built = project.build("wheel", outdir)
+    except build.BuildBackendException:
+        raise BuilderError(
+            f"{fork.name}: wheel build failed (full log: {log_path}); last lines:\n"
+            f"{_log_tail(log_path)}"
+        ) from None
+    finally:
+        _log_warnings(log_path, caught)
+    return Path(built)
+
+
+def build_wheel(
+    cache_dir: Path, result: ForkResult, fork: Fork, label: str, wheelhouse: Path
+) -> BuiltWheel:
+    """The fork's wheel from the cache, or built, verified and cached; copied to the wheelhouse."""
+    repo = pygit2.Repository(str(result.checkout.path))
+    version = wheel_version(fork, label, result.fork_commit)
+    env = _build_env(fork, version, repo.get(result.fork_commit).commit_time)
+    key = content_key(_cache_inputs(result, fork, version, env))
+    entry = cache_dir / "wheels" / key
+    record_path = entry / "wheel.json"
+
+    cached = False
+    if record_path.is_file():
+        record = json.loads(record_path.read_text())
+        wheel_path = entry / record["filename"]
+        if wheel_path.is_file() and sha256_file(wheel_path) == record["sha256"]:
+            cached = True
+            progress.info(
+                f"[green]✓[/] {fork.name}: wheel {record['filename']} unchanged (cache hit)"
+            )
+    if not cached:
+        checkout_commit(repo, result.fork_commit)
+        _clean(result.checkout.path, fork)
+        with staging_dir(entry) as staging:
+            with progress.task(f"build wheel {fork.wheel.dist_name} {version}"):
+                log_path = cache_dir / "logs" / f"{fork.name}-wheel.log"
+                built = _run_build(result, fork, env, staging, log_path)
+            verify_wheel(built, fork, version, result.patches)
+            record = {"filename": built.name, "sha256": sha256_file(built), "key": key}
+            (staging / "wheel.json").write_text(json.dumps(record, indent=2))
+        wheel_path = entry / record["filename"]
+
+    for stale in wheelhouse.glob("*.whl"):
+        stale_name = parse_wheel_filename(stale.name)[0]
+        if stale_name == canonicalize_name(fork.wheel.dist_name) and stale.name != wheel_path.name:
+            stale.unlink()
+    destination = wheelhouse / wheel_path.name
+    if not destination.is_file() or sha256_file(destination) != record["sha256"]:
+        atomic_copy(wheel_path, destination)
+    return BuiltWheel(
+        name=fork.name,
+        dist_name=fork.wheel.dist_name,
+        version=version,
+        filename=wheel_path.name,
+        sha256=record["sha256"],
+        size=destination.stat().st_size,
+        cache_key=key,
+        cached=cached,
+        path=destination,
+    )
