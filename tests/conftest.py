@@ -1,0 +1,96 @@
+"""Shared fixtures: real upstream repositories (from PyPI sdists) and a project data copy.
+
+The pins in the copy point at the fixture commits through the documented mechanism
+(`--data-dir` with edited pin.toml files), and every URL reaches the fixture through
+`--mirror https://github.com/=file://<root>/`, exactly what an air-gapped site does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests import upstreams
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Upstreams:
+    root: Path
+    commits: dict[str, str]
+
+    @property
+    def mirror(self) -> str:
+        return f"https://github.com/=file://{self.root}/"
+
+
+@pytest.fixture(scope="session")
+def github(tmp_path_factory: pytest.TempPathFactory) -> Upstreams:
+    root = tmp_path_factory.mktemp("github")
+    return Upstreams(root, upstreams.build_all(root))
+
+
+def set_pin(data_dir: Path, fork: str, **fields: str) -> None:
+    pin = data_dir / "forks" / fork / "pin.toml"
+    text = pin.read_text()
+    for key, value in fields.items():
+        text, count = re.subn(rf'(?m)^{key} = ".*"$', f'{key} = "{value}"', text)
+        assert count == 1, f"{pin} has no top-level {key}"
+    pin.write_text(text)
+
+
+def make_data_dir(destination: Path, github: Upstreams) -> Path:
+    """A copy of the project's images/ and forks/ pinned to the fixture commits."""
+    for folder in ("images", "forks"):
+        shutil.copytree(REPO_ROOT / folder, destination / folder)
+    for fork, commit in github.commits.items():
+        set_pin(destination, fork, commit=commit)
+    return destination
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, github: Upstreams) -> Path:
+    return make_data_dir(tmp_path / "data", github)
+
+
+@dataclass
+class Builder:
+    """Runs the real `builder` CLI in a subprocess against one cache and data directory."""
+
+    data_dir: Path
+    cache_dir: Path
+    mirror: str
+    wheelhouse: Path
+
+    def command(self, *args: str) -> list[str]:
+        command, *rest = args
+        extra = ["--wheelhouse", str(self.wheelhouse)] if command == "wheels" else []
+        return [
+            sys.executable, "-m", "builder.cli", command,
+            "--data-dir", str(self.data_dir),
+            "--cache-dir", str(self.cache_dir),
+            "--mirror", self.mirror,
+            *extra, *rest,
+        ]  # fmt: skip
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        env = {**os.environ, "COLUMNS": "200", "BUILDER_CONFIG": "/nonexistent"}
+        result = subprocess.run(
+            self.command(*args), capture_output=True, text=True, env=env, cwd=REPO_ROOT
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"builder {' '.join(args)} failed:\n{result.stderr}")
+        return result
+
+
+@pytest.fixture
+def builder(tmp_path: Path, data_dir: Path, github: Upstreams) -> Builder:
+    return Builder(data_dir, tmp_path / "cache", github.mirror, tmp_path / "wheelhouse")

@@ -1,0 +1,139 @@
+"""Bad input: one clear line naming the file/patch/setting, non-zero exit, no partial state."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pygit2
+import pytest
+
+from tests.conftest import Builder, Upstreams, set_pin
+
+
+def _error_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 1, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_unknown_target(builder: Builder) -> None:
+    line = _error_line(builder.run("sources", "--target", "sm999", check=False))
+    assert "unknown target 'sm999'" in line and "known targets: sm120" in line
+
+
+def test_malformed_target_file(builder: Builder) -> None:
+    target = builder.data_dir / "images/sm120/target.toml"
+    target.write_text(target.read_text().replace("[cuda]", "[cuda"))
+    line = _error_line(builder.run("sources", check=False))
+    assert f"{target}: not valid TOML" in line
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (('version = "12.8.1"', 'version = "12.6.3"'), "field 'cuda.version' is 12.6.3, but arch 12.0a needs CUDA >= 12.8"),
+        (('arch_list = ["12.0a"]', 'arch_list = ["sm120"]'), "field 'cuda.arch_list' has 'sm120'"),
+        (('[image]\nbase = "', '[image]\nbasis = "'), "field 'image.base' is missing"),
+        (('series = "sm120"', 'series = "nope"'), "patch series 'nope' does not exist"),
+    ],
+)  # fmt: skip
+def test_invalid_target_fields_name_the_field(
+    builder: Builder, edit: tuple[str, str], expected: str
+) -> None:
+    target = builder.data_dir / "images/sm120/target.toml"
+    text = target.read_text()
+    assert edit[0] in text
+    target.write_text(text.replace(edit[0], edit[1], 1))
+    line = _error_line(builder.run("sources", check=False))
+    assert expected in line
+    assert not (builder.cache_dir / "work").exists()
+
+
+def test_pin_to_a_missing_commit(builder: Builder) -> None:
+    set_pin(builder.data_dir, "sglang", commit="0123456789abcdef0123456789abcdef01234567")
+    line = _error_line(builder.run("sources", "--upstream", "sglang", check=False))
+    assert "forks/sglang/pin.toml" in line
+    assert "refs/tags/v0.5.9" in line and "the pin says 0123456789abcdef" in line
+    assert not (builder.cache_dir / "work" / "sm120" / "sglang").exists()
+
+
+def test_pin_commit_must_be_a_full_sha(builder: Builder) -> None:
+    set_pin(builder.data_dir, "sglang", commit="bbe9c7e")
+    line = _error_line(builder.run("sources", check=False))
+    assert "pin.toml: field 'commit' must be a full 40-character" in line
+
+
+def test_unknown_upstream(builder: Builder) -> None:
+    line = _error_line(builder.run("sources", "--upstream", "vllm", check=False))
+    assert "--upstream vllm" in line and "sglang, flashinfer" in line
+
+
+def _series(builder: Builder, fork: str) -> list[Path]:
+    return sorted((builder.data_dir / "forks" / fork / "patches/sm120").glob("*.patch"))
+
+
+def _assert_at_upstream(builder: Builder, fork: str, github: Upstreams) -> None:
+    repo = pygit2.Repository(str(builder.cache_dir / "work/sm120" / fork))
+    assert str(repo.head.target) == github.commits[fork]
+    assert repo.status(untracked_files="normal") == {}
+
+
+def test_corrupt_patch(builder: Builder, github: Upstreams) -> None:
+    bad = _series(builder, "flashinfer")[1]
+    bad.write_text("From: someone\nSubject: [PATCH] garbage\n\nthis is not a diff\n")
+    line = _error_line(builder.run("wheels", check=False))
+    assert f"{bad}: not a patch" in line
+    assert not builder.wheelhouse.exists() or not list(builder.wheelhouse.iterdir())
+
+
+def test_patch_whose_context_no_longer_matches(builder: Builder, github: Upstreams) -> None:
+    # Give the second hunk of the .cuh patch a context line upstream does not have.
+    patch = _series(builder, "flashinfer")[1]
+    lines = patch.read_text().split("\n")
+    hunk_starts = [i for i, line in enumerate(lines) if line.startswith("@@ ")]
+    second = hunk_starts[1]
+    context = next(i for i in range(second + 1, len(lines)) if lines[i].startswith(" "))
+    lines[context] = " // a line upstream never had"
+    patch.write_text("\n".join(lines))
+
+    result = builder.run("patch", check=False)
+    line = _error_line(result)
+    assert str(patch) in line
+    assert "include/flashinfer/comm/trtllm_allreduce.cuh" in line
+    assert "hunk 2 of 13" in line
+    _assert_at_upstream(builder, "flashinfer", github)
+    repo = pygit2.Repository(str(builder.cache_dir / "work/sm120/flashinfer"))
+    assert "refs/heads/builder/sm120" not in list(repo.references)
+
+
+def test_missing_submodule_repository(builder: Builder, github: Upstreams) -> None:
+    nowhere = builder.cache_dir.parent / "no-such-mirror"
+    result = builder.run(
+        "sources", "--mirror", f"https://github.com/NVIDIA/={nowhere.as_uri()}/", check=False
+    )
+    line = _error_line(result)
+    assert "submodule 3rdparty/cutlass" in line and "no-such-mirror/cutlass.git" in line
+
+
+def test_checkout_without_submodules_fails_the_wheel_check(
+    builder: Builder, github: Upstreams, tmp_path: Path
+) -> None:
+    """A flashinfer commit that lost its submodules must not ship a cutlass-less wheel."""
+    work = tmp_path / "fi"
+    git = ["git", "-c", "protocol.file.allow=always", "-c", "safe.directory=*"]
+    subprocess.run([*git, "clone", "-q", str(github.root / "flashinfer-ai/flashinfer.git"), str(work)], check=True)
+    ident = ["-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "-C", str(work), "rm", "-q", "--cached", "3rdparty/cutlass", "3rdparty/spdlog", ".gitmodules"], check=True)
+    subprocess.run([*git, *ident, "-C", str(work), "commit", "-qm", "no submodules"], check=True)
+    subprocess.run([*git, "-C", str(work), "tag", "-f", "v0.6.3"], check=True, capture_output=True)
+    commit = subprocess.run([*git, "-C", str(work), "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    set_pin(builder.data_dir, "flashinfer", commit=commit, url=f"{work.as_uri()}/.git")
+
+    line = _error_line(builder.run("wheels", "--upstream", "flashinfer", check=False))
+    assert "missing flashinfer/data/cutlass/include/cutlass/cutlass.h" in line
+    assert "submodules" in line
+    assert not list(builder.wheelhouse.glob("*.whl"))
+    assert not list((builder.cache_dir / "wheels").glob("*/wheel.json"))

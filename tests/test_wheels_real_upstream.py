@@ -1,0 +1,158 @@
+"""The foundation on real sglang 0.5.9 / flashinfer 0.6.3 code: sources -> patch -> wheels."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import zipfile
+from pathlib import Path
+
+import pygit2
+import pytest
+
+from tests.conftest import Builder, Upstreams, make_data_dir
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory: pytest.TempPathFactory, github: Upstreams) -> tuple[Builder, dict]:
+    """`builder wheels` from nothing: no mirror, no work tree, no wheel."""
+    root = tmp_path_factory.mktemp("first")
+    builder = Builder(
+        make_data_dir(root / "data", github), root / "cache", github.mirror, root / "wheelhouse"
+    )
+    result = builder.run("wheels", "--json")
+    return builder, json.loads(result.stdout)
+
+
+def _read(wheel: Path, member_suffix: str) -> str:
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(member_suffix)]
+        return archive.read(name).decode()
+
+
+def test_wheels_carry_version_and_patches(first: tuple[Builder, dict]) -> None:
+    _, result = first
+    sglang, flashinfer = result["upstreams"]["sglang"], result["upstreams"]["flashinfer"]
+
+    for upstream, release in ((sglang, "0.5.9"), (flashinfer, "0.6.3")):
+        wheel = upstream["wheel"]
+        assert wheel["version"] == f"{release}+sm120.g{upstream['fork_commit'][:7]}"
+        assert f"Version: {wheel['version']}\n" in _read(Path(wheel["path"]), ".dist-info/METADATA")
+
+    fi_wheel = Path(flashinfer["wheel"]["path"])
+    assert "supported_major_versions=[9, 10, 12]" in _read(fi_wheel, "flashinfer/jit/comm.py")
+    cuh = _read(fi_wheel, "flashinfer/data/include/flashinfer/comm/trtllm_allreduce.cuh")
+    assert "__CUDA_ARCH__ < 1200" not in cuh
+    assert cuh.count("(__CUDA_ARCH__ >= 900))") == 13
+    assert "Version(flashinfer_version).public" in _read(fi_wheel, "flashinfer/jit/env.py")
+    with zipfile.ZipFile(fi_wheel) as archive:
+        assert "flashinfer/data/cutlass/include/cutlass/cutlass.h" in archive.namelist()
+    assert fi_wheel.stat().st_size > 5_000_000  # not the 2.6 MB wheel without submodules
+
+    sg_wheel = Path(sglang["wheel"]["path"])
+    communicator = _read(sg_wheel, "sglang/srt/layers/communicator.py")
+    assert "(_is_sm90_supported or _is_sm100_supported or _is_sm120_supported)" in communicator
+    server_args = _read(sg_wheel, "sglang/srt/server_args.py")
+    assert "flashinfer_cutlass as MoE runner backend on sm120 for {model_arch}" in server_args
+    assert "flashinfer_cutlass as MoE runner backend on sm120 for Glm4MoeForCausalLM" in server_args
+    # Fusion stays an explicit opt-in on SM120: the auto-enable guard is untouched.
+    assert "and (is_sm90_supported() or is_sm100_supported())\n" in server_args
+
+
+def test_fork_branch_is_upstream_plus_one_commit_per_patch(first: tuple[Builder, dict]) -> None:
+    _, result = first
+    for name, count in (("sglang", 2), ("flashinfer", 3)):
+        upstream = result["upstreams"][name]
+        repo = pygit2.Repository(upstream["path"])
+        branch = repo.references[f"refs/heads/{upstream['branch']}"]
+        assert str(branch.target) == upstream["fork_commit"]
+        walker = repo.walk(branch.target)
+        commits = [next(walker) for _ in range(count + 1)]
+        assert str(commits[-1].id) == upstream["upstream_commit"]
+        assert commits[0].committer.name == "builder"
+        assert len(upstream["patches"]) == count
+
+
+def test_second_run_is_a_cache_hit(first: tuple[Builder, dict]) -> None:
+    builder, result = first
+    wheels = [Path(u["wheel"]["path"]) for u in result["upstreams"].values()]
+    mtimes = [w.stat().st_mtime_ns for w in wheels]
+    started = time.monotonic()
+    again = json.loads(builder.run("wheels", "--json").stdout)
+    elapsed = time.monotonic() - started
+    assert all(u["wheel"]["cached"] for u in again["upstreams"].values())
+    assert [w.stat().st_mtime_ns for w in wheels] == mtimes
+    assert elapsed < 30, "a no-op rebuild must not rebuild anything"
+
+
+def test_two_clean_builds_are_byte_identical(
+    first: tuple[Builder, dict], tmp_path: Path, github: Upstreams
+) -> None:
+    _, result = first
+    fresh = Builder(
+        make_data_dir(tmp_path / "data", github), tmp_path / "cache", github.mirror, tmp_path / "wh"
+    )
+    second = json.loads(fresh.run("wheels", "--json").stdout)
+    for name in ("sglang", "flashinfer"):
+        one, two = result["upstreams"][name], second["upstreams"][name]
+        assert two["fork_commit"] == one["fork_commit"]
+        assert two["wheel"]["cached"] is False
+        assert two["wheel"]["sha256"] == one["wheel"]["sha256"]
+
+
+def test_upstream_filter_and_sources_only(builder: Builder) -> None:
+    result = json.loads(builder.run("sources", "--upstream", "sglang", "--json").stdout)
+    assert list(result["upstreams"]) == ["sglang"]
+    assert not (builder.cache_dir / "work" / "sm120" / "flashinfer").exists()
+    repo = pygit2.Repository(result["upstreams"]["sglang"]["path"])
+    assert str(repo.head.target) == result["upstreams"]["sglang"]["commit"]
+
+
+def test_submodules_are_checked_out_at_their_gitlinks(builder: Builder) -> None:
+    result = json.loads(builder.run("sources", "--upstream", "flashinfer", "--json").stdout)
+    subs = result["upstreams"]["flashinfer"]["submodules"]
+    assert set(subs) == {"3rdparty/cutlass", "3rdparty/spdlog"}
+    assert subs["3rdparty/cutlass"]["url"] == "https://github.com/NVIDIA/cutlass.git"
+    path = Path(result["upstreams"]["flashinfer"]["path"]) / "3rdparty/cutlass"
+    assert (path / "include/cutlass/cutlass.h").is_file()
+    assert str(pygit2.Repository(str(path)).head.target) == subs["3rdparty/cutlass"]["commit"]
+
+
+def test_kill_during_wheel_build_leaves_nothing_half_done(builder: Builder) -> None:
+    builder.run("patch")  # sources and patches in place; the kill lands in the wheel build
+    process = subprocess.Popen(
+        builder.command("wheels"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    log = builder.cache_dir / "logs" / "sglang-wheel.log"
+    deadline = time.monotonic() + 60
+    while not (log.exists() and log.stat().st_size > 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not list(builder.wheelhouse.glob("*.whl")) if builder.wheelhouse.exists() else True
+    assert not list((builder.cache_dir / "wheels").glob("*/wheel.json"))
+
+    result = json.loads(builder.run("wheels", "--json").stdout)
+    assert {p.name for p in builder.wheelhouse.iterdir()} == {
+        Path(u["wheel"]["path"]).name for u in result["upstreams"].values()
+    }
+
+
+def test_two_builds_at_once_share_the_cache_safely(builder: Builder) -> None:
+    processes = [
+        subprocess.Popen(
+            builder.command("patch", "--json"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    assert [p.returncode for p in processes] == [0, 0]
+    forks = [json.loads(out)["upstreams"]["flashinfer"]["fork_commit"] for out, _ in outputs]
+    assert forks[0] == forks[1]
+    assert any("waiting for another builder run" in err for _, err in outputs)
