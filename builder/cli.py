@@ -142,6 +142,63 @@ def cmd_wheels(args: argparse.Namespace) -> None:
     _emit(args, result, lines)
 
 
+def cmd_image(args: argparse.Namespace) -> None:
+    from builder import docker_client, image, registry
+
+    ctx = _context(args)
+    if ctx.only:
+        raise BuilderError("--upstream: builder image needs every upstream of the target")
+    target = ctx.target
+    options = image.ImageOptions(
+        base_image=args.base_image or target.image.base,
+        pip_index_url=args.pip_index_url or target.image.pip_index_url,
+        pip_extra_index_url=(
+            target.image.pip_extra_index_url
+            if args.pip_extra_index_url is None
+            else args.pip_extra_index_url
+        ),
+        runtime_requirements=Path(args.runtime_requirements) if args.runtime_requirements else None,
+        jit_modules=tuple(args.jit_modules.split(",")) if args.jit_modules else target.jit_modules,
+        jit_jobs=args.jit_jobs,
+        network_host=args.network_host,
+    )
+    if options.runtime_requirements and not options.runtime_requirements.is_file():
+        raise BuilderError(f"--runtime-requirements {options.runtime_requirements}: no such file")
+    client = docker_client.connect()
+    wheelhouse = Path(args.wheelhouse or Path("wheelhouse") / target.name).resolve()
+    with locked(ctx.cache_dir):
+        built = pipeline.wheels(ctx, wheelhouse)
+    forks = {name: fork for name, (fork, _) in built.items()}
+    wheels = {name: wheel for name, (_, wheel) in built.items()}
+    image_plan = image.plan(client, target, forks, wheels, options)
+
+    if args.plan:
+        result = {
+            "reference": image_plan.reference,
+            "inputs": image_plan.inputs_hash,
+            "stages": {
+                stage: {"key": image_plan.stage_keys[stage], "rebuild": why or None}
+                for stage, why in image_plan.rebuild.items()
+            },
+            "buildargs": image_plan.buildargs,
+        }
+        lines = [f"image {image_plan.reference}"]
+        for stage, why in image_plan.rebuild.items():
+            lines.append(f"  {stage:<10} {'rebuild: ' + why if why else 'cached'}")
+        if args.push:
+            lines.append(f"  then push to {args.push}")
+        _emit(args, result, lines)
+        return
+
+    result = image.build_image(client, target, forks, wheels, options, image_plan)
+    if args.push:
+        result.pushed = registry.push(client, result.reference, args.push)
+    lines = [f"image {result.reference}  id={result.image_id[:19]}"]
+    if result.pushed:
+        lines.append(f"pushed {result.pushed['reference']}")
+    _emit(args, {"target": target.name, "image": result.to_json()}, lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="builder",
@@ -185,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         "commit.\n\n"
         "example: builder patch --target sm120",
     )
-    wheels = add(
+    add(
         "wheels",
         cmd_wheels,
         "build the patched wheels (runs sources and patch first)",
@@ -194,8 +251,57 @@ def build_parser() -> argparse.ArgumentParser:
         "its inputs and copy it to the wheelhouse. Unchanged inputs are a cache hit.\n\n"
         "example: builder wheels --target sm120 --wheelhouse ./wheelhouse",
     )
-    wheels.add_argument(
+    image_cmd = add(
+        "image",
+        cmd_image,
+        "build the server image with pre-compiled FlashInfer kernels (runs wheels first)",
+        "Build the target's image with the Docker SDK: runtime dependencies, the patched "
+        "flashinfer wheel with its JIT modules compiled for the target arch (no GPU needed), "
+        "then the patched sglang wheel. The tag says what is inside and ends in a hash of all "
+        "inputs; an image whose inputs are unchanged is not rebuilt. Labels record upstream and "
+        "fork commits, patch series and wheel hashes.\n\n"
+        "examples:\n"
+        "  builder image --target sm120 --plan\n"
+        "  builder image --target sm120 --push registry.example.com/ml/sglang-sm120\n"
+        "  builder image --base-image my-cuda:12.8 --pip-index-url https://pypi.internal/simple",
+    )
+    image_cmd.add_argument(
         "--wheelhouse", help="where the wheels are copied (default: ./wheelhouse/<target>)"
+    )
+    image_cmd.add_argument("--base-image", metavar="REF", help="base image (default: the target's)")
+    image_cmd.add_argument(
+        "--push", metavar="REGISTRY/REPO", help="push the image there and print its digest"
+    )
+    image_cmd.add_argument(
+        "--plan", action="store_true", help="print what would be built and why; build nothing"
+    )
+    image_cmd.add_argument("--pip-index-url", metavar="URL", help="package index for the build")
+    image_cmd.add_argument(
+        "--pip-extra-index-url",
+        metavar="URL",
+        help="extra index (default: the target's torch index)",
+    )
+    image_cmd.add_argument(
+        "--runtime-requirements",
+        metavar="FILE",
+        help="install exactly these runtime requirements instead of the derived list "
+        "(recorded in the image's inputs)",
+    )
+    image_cmd.add_argument(
+        "--jit-modules",
+        metavar="A,B",
+        help="comma-separated FlashInfer generators to pre-compile (default: the target's list)",
+    )
+    image_cmd.add_argument(
+        "--jit-jobs",
+        type=int,
+        default=0,
+        help="parallel compile jobs (default 0: from cores and memory)",
+    )
+    image_cmd.add_argument(
+        "--network-host",
+        action="store_true",
+        help="build with host networking (to reach an index or proxy on the host's loopback)",
     )
     return parser
 

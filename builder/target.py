@@ -68,17 +68,29 @@ class UpstreamUse:
 
 
 @dataclass(frozen=True)
+class ImageSettings:
+    """How the target's image is built (all overridable from the command line)."""
+
+    base: str
+    dockerfile: Path
+    repository: str
+    pip_index_url: str
+    pip_extra_index_url: str
+    requirements: tuple[str, ...]  # pinned on top of the wheels' own requirements
+    exclude_requirements: tuple[str, ...]  # never installed (e.g. flashinfer-jit-cache)
+
+
+@dataclass(frozen=True)
 class Target:
     name: str
     description: str
     local_label: str
     cuda_version: Version
     arch_list: tuple[str, ...]
-    base_image: str
-    python_version: str
-    torch_version: str
+    image: ImageSettings
     upstreams: dict[str, UpstreamUse]
     jit_modules: tuple[str, ...]
+    jit_job_memory_gb: float
     file: Path
     raw: dict[str, Any] = field(repr=False, compare=False)
 
@@ -94,14 +106,17 @@ class _Reader:
     def fail(self, key: str, message: str) -> BuilderError:
         return BuilderError(f"{self.path}: field '{self.prefix}{key}' {message}")
 
-    def get(self, key: str, kind: type, default: Any = ...) -> Any:
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
         if key not in self.table:
             if default is ...:
                 raise self.fail(key, "is missing")
             return default
         value = self.table[key]
         if not isinstance(value, kind):
-            raise self.fail(key, f"must be a {kind.__name__}, not {type(value).__name__}")
+            expected = (
+                " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
+            )
+            raise self.fail(key, f"must be a {expected}, not {type(value).__name__}")
         return value
 
     def sub(self, key: str, default: Any = ...) -> _Reader:
@@ -208,17 +223,35 @@ def load_target(data_dir: Path, name: str) -> Target:
         )
         upstreams[upstream_name].fork.patch_files(upstreams[upstream_name].series)
 
+    image = reader.sub("image")
+    dockerfile = (path.parent / image.get("dockerfile", str, "Dockerfile")).resolve()
+    if not dockerfile.is_file():
+        raise image.fail("dockerfile", f"points at {dockerfile}, which does not exist")
+    jit = reader.sub("jit", {})
+    modules = jit.strings("modules", [])
+    for module in modules:
+        if ":" not in module:
+            raise jit.fail("modules", f"has '{module}', expected package.module:gen_function")
+    job_memory = jit.get("job_memory_gb", (int, float), 6)
+
     return Target(
         name=name,
         description=reader.get("description", str, ""),
         local_label=label,
         cuda_version=cuda_version,
         arch_list=arch_list,
-        base_image=reader.sub("image").get("base", str),
-        python_version=reader.sub("python").get("version", str),
-        torch_version=reader.sub("torch").get("version", str),
+        image=ImageSettings(
+            base=image.get("base", str),
+            dockerfile=dockerfile,
+            repository=image.get("repository", str, f"builder-{name}"),
+            pip_index_url=image.get("pip_index_url", str, "https://pypi.org/simple"),
+            pip_extra_index_url=image.get("pip_extra_index_url", str, ""),
+            requirements=image.strings("requirements", []),
+            exclude_requirements=image.strings("exclude_requirements", []),
+        ),
         upstreams=upstreams,
-        jit_modules=reader.sub("jit", {}).strings("modules", []),
+        jit_modules=modules,
+        jit_job_memory_gb=float(job_memory),
         file=path,
         raw=raw,
     )
