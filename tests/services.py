@@ -1,0 +1,265 @@
+"""Real services on 127.0.0.1 for the tests: Docker engine, registry, package index.
+
+Started the way TESTBED.md measured them (Debian's docker.io, docker-registry, pypiserver).
+Set BUILDER_TEST_DOCKER_HOST to reuse a running engine instead of starting one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE = Path(os.environ.get("BUILDER_TEST_SDIST_CACHE", Path.home() / ".cache/builder-test-sdists"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class Daemon:
+    host: str
+    process: subprocess.Popen | None
+
+    def stop(self) -> None:
+        if self.process:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def start_dockerd(root: Path) -> Daemon:
+    reuse = os.environ.get("BUILDER_TEST_DOCKER_HOST")
+    if reuse:
+        return Daemon(reuse, None)
+    # A short socket path: unix socket paths are limited to ~108 bytes.
+    run = Path(tempfile.mkdtemp(prefix="bt-docker-", dir="/tmp"))
+    socket_path = run / "d.sock"
+    log = (root / "dockerd.log").open("w")
+    process = subprocess.Popen(
+        [
+            "dockerd",
+            "--data-root", str(root / "data"),
+            "--exec-root", str(run / "exec"),
+            "--pidfile", str(run / "d.pid"),
+            "-H", f"unix://{socket_path}",
+        ],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    host = f"unix://{socket_path}"
+    docker_cli = shutil.which("docker", path="/usr/bin") or "docker"
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"dockerd exited: {(root / 'dockerd.log').read_text()[-2000:]}")
+        return subprocess.run([docker_cli, "-H", host, "info"], capture_output=True).returncode == 0
+
+    wait_for(ready, 60, "dockerd")
+    return Daemon(host, process)
+
+
+def start_process(command: list[str], port: int, log: Path, what: str) -> subprocess.Popen:
+    process = subprocess.Popen(
+        command, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited: {log.read_text()[-2000:]}")
+        return port_open(port)
+
+    wait_for(ready, 30, what)
+    return process
+
+
+def htpasswd(path: Path, user: str, password: str, bcrypt: bool) -> None:
+    flag = "-Bbn" if bcrypt else "-mbn"
+    line = subprocess.run(
+        ["htpasswd", flag, user, password], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    path.write_text(line + "\n")
+
+
+def start_registry(root: Path, user: str, password: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    root.mkdir(parents=True, exist_ok=True)
+    htpasswd(root / "htpasswd", user, password, bcrypt=True)
+    config = root / "config.yml"
+    config.write_text(
+        "version: 0.1\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+        f"auth:\n  htpasswd:\n    realm: builder-tests\n    path: {root / 'htpasswd'}\n"
+    )
+    process = start_process(
+        ["docker-registry", "serve", str(config)], port, root / "registry.log", "docker-registry"
+    )
+    return process, port
+
+
+def start_pypiserver(
+    packages: Path, log: Path, auth: tuple[str, str] | None = None
+) -> tuple[subprocess.Popen, int]:
+    """pypiserver on loopback; uploads need `auth` (htpasswd), downloads need none."""
+    port = free_port()
+    command = [
+        str(Path(os.sys.executable).parent / "pypi-server"), "run",
+        "-i", "127.0.0.1", "-p", str(port), "--disable-fallback", "--hash-algo", "sha256",
+    ]  # fmt: skip
+    if auth:
+        passwords = packages.parent / f"{packages.name}.htpasswd"
+        htpasswd(passwords, *auth, bcrypt=False)
+        command += ["-a", "update", "-P", str(passwords)]
+    else:
+        command += ["-a", ".", "-P", "."]
+    command.append(str(packages))
+    return start_process(command, port, log, "pypiserver"), port
+
+
+# --- a CUDA base image without Docker Hub --------------------------------------------------
+
+TEST_BASE = "builder-test-base:bookworm-cuda13"
+# What the runtime stage needs to import flashinfer and compile its JIT modules.
+IMAGE_TEST_REQUIREMENTS = [
+    "torch==2.13.0",
+    "numpy",
+    "ninja",
+    "apache-tvm-ffi>=0.1.6,!=0.1.8,!=0.1.8.post0,<0.2",
+    "packaging>=24.2",
+    "requests",
+    "tqdm",
+    "einops",
+    "click",
+    "tabulate",
+    "nvidia-ml-py",
+]
+_CUDA_WHEELS = ["nvidia-cublas==13.8.2.12", "nvidia-curand==10.4.5.25", "nvidia-cuda-cuobjdump==13.5.37"]
+
+
+def _pip_download(requirements: list[str], destination: Path) -> None:
+    destination.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            os.sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
+            "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64",
+            "--platform", "manylinux_2_27_x86_64", "--platform", "manylinux_2_17_x86_64",
+            "--platform", "manylinux2014_x86_64", "--find-links", "/opt/wheels",
+            "-d", str(destination), *requirements,
+        ],
+        check=True,
+    )  # fmt: skip
+
+
+def runtime_wheelhouse() -> Path:
+    """Wheels for IMAGE_TEST_REQUIREMENTS (torch: the CPU build on this disk), cached."""
+    destination = CACHE / "image-runtime-wheels"
+    if not list(destination.glob("torch-*.whl")):
+        _pip_download(IMAGE_TEST_REQUIREMENTS, destination)
+    return destination
+
+
+def _debootstrap(destination: Path) -> Path:
+    archive = CACHE / "rootfs-bookworm-python-gxx.tar"
+    if archive.exists():
+        return archive
+    staging = destination / "rootfs"
+    subprocess.run(
+        [
+            "debootstrap", "--variant=minbase",
+            "--include=python3,python3-venv,python3-dev,g++,ca-certificates",
+            "bookworm", str(staging), "http://deb.debian.org/debian",
+        ],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    for junk in ("usr/share/doc", "usr/share/man", "usr/share/locale", "var/cache/apt/archives"):
+        shutil.rmtree(staging / junk, ignore_errors=True)
+    partial = archive.with_suffix(".partial")
+    with tarfile.open(partial, "w") as tar:
+        tar.add(staging, arcname=".")
+    partial.replace(archive)
+    shutil.rmtree(staging)
+    return archive
+
+
+def build_test_base(client, workdir: Path) -> str:
+    """Debian + Python + g++ + the host's slim CUDA 13 toolkit, stub libcuda, cuBLAS/cuRAND
+    headers and cuobjdump: enough for a real `docker build` to compile FlashInfer for sm_120a.
+    """
+    from docker.errors import ImageNotFound
+
+    try:
+        client.images.get(TEST_BASE)
+        return TEST_BASE
+    except ImageNotFound:
+        pass
+    rootfs = _debootstrap(workdir)
+    cuda_wheels = CACHE / "cuda"
+    if len(list(cuda_wheels.glob("*.whl"))) < len(_CUDA_WHEELS):
+        subprocess.run(
+            [os.sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             "-d", str(cuda_wheels), *_CUDA_WHEELS],
+            check=True,
+        )  # fmt: skip
+    extra = workdir / "cuda-extra"
+    for wheel in cuda_wheels.glob("*.whl"):
+        subprocess.run(["unzip", "-q", "-o", str(wheel), "nvidia/*", "-d", str(extra)], check=True)
+    stub = workdir / "libcuda.so"
+    subprocess.run(["gcc", "-shared", "-x", "c", "/dev/null", "-o", str(stub)], check=True)
+
+    cuda = Path("/usr/local/cuda").resolve()
+    additions = {
+        "usr/local/cuda": cuda,
+        "usr/local/cuda/include-extra": extra / "nvidia/cu13/include",
+        "usr/local/cuda/bin/cuobjdump": extra / "nvidia/cu13/bin/cuobjdump",
+        "usr/local/cuda/lib64/stubs/libcuda.so": stub,
+        # The host's bundle: it trusts the TLS-re-signing proxy in front of PyPI.
+        "etc/ssl/certs/ca-certificates.crt": Path("/etc/ssl/certs/ca-certificates.crt"),
+    }
+    image_tar = workdir / "base.tar"
+    with tarfile.open(rootfs) as source, tarfile.open(image_tar, "w") as tar:
+        for member in source:
+            name = member.name.removeprefix("./")
+            if name in additions:
+                continue
+            tar.addfile(member, source.extractfile(member) if member.isfile() else None)
+        for arcname, path in additions.items():
+            tar.add(path, arcname=arcname)
+    with image_tar.open("rb") as handle:
+        client.api.import_image_from_data(
+            handle,
+            repository=TEST_BASE.split(":")[0],
+            tag=TEST_BASE.split(":")[1],
+            changes=[
+                "ENV PATH=/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "ENV CUDA_HOME=/usr/local/cuda",
+                "ENV CPATH=/usr/local/cuda/include-extra",
+            ],
+        )
+    image_tar.unlink()
+    return TEST_BASE
