@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         "commit.\n\n"
         "example: builder patch --target sm120",
     )
-    add(
+    wheels = add(
         "wheels",
         cmd_wheels,
         "build the patched wheels (runs sources and patch first)",
@@ -250,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(METADATA version, patched lines, required files such as cutlass headers), cache it by "
         "its inputs and copy it to the wheelhouse. Unchanged inputs are a cache hit.\n\n"
         "example: builder wheels --target sm120 --wheelhouse ./wheelhouse",
+    )
+    wheels.add_argument(
+        "--wheelhouse", help="where the wheels are copied (default: ./wheelhouse/<target>)"
     )
     image_cmd = add(
         "image",

@@ -12,7 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -69,10 +69,11 @@ class Builder:
     cache_dir: Path
     mirror: str
     wheelhouse: Path
+    env: dict[str, str] = field(default_factory=dict)
 
     def command(self, *args: str) -> list[str]:
         command, *rest = args
-        extra = ["--wheelhouse", str(self.wheelhouse)] if command == "wheels" else []
+        extra = ["--wheelhouse", str(self.wheelhouse)] if command in ("wheels", "image") else []
         return [
             sys.executable, "-m", "builder.cli", command,
             "--data-dir", str(self.data_dir),
@@ -81,8 +82,16 @@ class Builder:
             *extra, *rest,
         ]  # fmt: skip
 
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        env = {**os.environ, "COLUMNS": "200", "BUILDER_CONFIG": "/nonexistent"}
+    def run(
+        self, *args: str, check: bool = True, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess:
+        env = {
+            **os.environ,
+            "COLUMNS": "200",
+            "BUILDER_CONFIG": "/nonexistent",
+            **self.env,
+            **(env or {}),
+        }
         result = subprocess.run(
             self.command(*args), capture_output=True, text=True, env=env, cwd=REPO_ROOT
         )
@@ -94,3 +103,60 @@ class Builder:
 @pytest.fixture
 def builder(tmp_path: Path, data_dir: Path, github: Upstreams) -> Builder:
     return Builder(data_dir, tmp_path / "cache", github.mirror, tmp_path / "wheelhouse")
+
+
+# --- real services ---------------------------------------------------------------------------
+
+REGISTRY_USER = "builder"
+REGISTRY_PASSWORD = "s3cret-registry-pass"
+
+
+@pytest.fixture(scope="session")
+def docker_host(tmp_path_factory: pytest.TempPathFactory):
+    if not shutil.which("dockerd") and not os.environ.get("BUILDER_TEST_DOCKER_HOST"):
+        pytest.skip("dockerd not installed (scripts/setup --test installs docker.io)")
+    from tests.services import start_dockerd
+
+    daemon = start_dockerd(tmp_path_factory.mktemp("dockerd"))
+    yield daemon.host
+    daemon.stop()
+
+
+@pytest.fixture(scope="session")
+def docker_client(docker_host: str):
+    import docker
+
+    return docker.DockerClient(base_url=docker_host, timeout=900)
+
+
+@pytest.fixture(scope="session")
+def test_base(docker_client, tmp_path_factory: pytest.TempPathFactory) -> str:
+    from tests.services import build_test_base
+
+    return build_test_base(docker_client, tmp_path_factory.mktemp("base"))
+
+
+@pytest.fixture(scope="session")
+def runtime_index(tmp_path_factory: pytest.TempPathFactory):
+    """A pypiserver holding what the image's runtime stage needs, for offline builds."""
+    from tests.services import IMAGE_TEST_REQUIREMENTS, runtime_wheelhouse, start_pypiserver
+
+    root = tmp_path_factory.mktemp("runtime-index")
+    process, port = start_pypiserver(runtime_wheelhouse(), root / "pypiserver.log")
+    requirements = root / "requirements.txt"
+    requirements.write_text("\n".join(IMAGE_TEST_REQUIREMENTS) + "\n")
+    yield f"http://127.0.0.1:{port}/simple/", requirements
+    process.terminate()
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> str:
+    if not shutil.which("docker-registry"):
+        pytest.skip("docker-registry not installed (scripts/setup --test installs it)")
+    from tests.services import start_registry
+
+    process, port = start_registry(
+        tmp_path_factory.mktemp("registry"), REGISTRY_USER, REGISTRY_PASSWORD
+    )
+    yield f"127.0.0.1:{port}"
+    process.terminate()

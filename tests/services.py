@@ -159,7 +159,11 @@ IMAGE_TEST_REQUIREMENTS = [
     "tabulate",
     "nvidia-ml-py",
 ]
-_CUDA_WHEELS = ["nvidia-cublas==13.8.2.12", "nvidia-curand==10.4.5.25", "nvidia-cuda-cuobjdump==13.5.37"]
+_CUDA_WHEELS = [
+    "nvidia-cublas==13.8.2.12",
+    "nvidia-curand==10.4.5.25",
+    "nvidia-cuda-cuobjdump==13.5.37",
+]
 
 
 def _pip_download(requirements: list[str], destination: Path) -> None:

@@ -124,12 +124,30 @@ def test_checkout_without_submodules_fails_the_wheel_check(
     """A flashinfer commit that lost its submodules must not ship a cutlass-less wheel."""
     work = tmp_path / "fi"
     git = ["git", "-c", "protocol.file.allow=always", "-c", "safe.directory=*"]
-    subprocess.run([*git, "clone", "-q", str(github.root / "flashinfer-ai/flashinfer.git"), str(work)], check=True)
+    subprocess.run(
+        [*git, "clone", "-q", str(github.root / "flashinfer-ai/flashinfer.git"), str(work)],
+        check=True,
+    )
     ident = ["-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run([*git, "-C", str(work), "rm", "-q", "--cached", "3rdparty/cutlass", "3rdparty/spdlog", ".gitmodules"], check=True)
+    subprocess.run(
+        [
+            *git,
+            "-C",
+            str(work),
+            "rm",
+            "-q",
+            "--cached",
+            "3rdparty/cutlass",
+            "3rdparty/spdlog",
+            ".gitmodules",
+        ],
+        check=True,
+    )
     subprocess.run([*git, *ident, "-C", str(work), "commit", "-qm", "no submodules"], check=True)
     subprocess.run([*git, "-C", str(work), "tag", "-f", "v0.6.3"], check=True, capture_output=True)
-    commit = subprocess.run([*git, "-C", str(work), "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        [*git, "-C", str(work), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     set_pin(builder.data_dir, "flashinfer", commit=commit, url=f"{work.as_uri()}/.git")
 
     line = _error_line(builder.run("wheels", "--upstream", "flashinfer", check=False))

@@ -1,0 +1,227 @@
+"""`builder image` on the real Docker engine, with the real sm120 Dockerfile.
+
+Docker Hub is unreachable here, so the base is a locally made Debian + CUDA 13 toolkit
+image (tests/services.py) and the runtime dependencies come from a loopback pypiserver
+with a reduced list (torch CPU and what flashinfer needs to import and compile). The JIT
+warm-up compiles two cheap modules for sm_120a for real with nvcc.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REGISTRY_PASSWORD, REGISTRY_USER, Builder, Upstreams, make_data_dir
+
+pytestmark = pytest.mark.docker
+
+WARM_MODULES = (
+    "flashinfer.jit.norm:gen_norm_module,"
+    "flashinfer.jit.fp4_quantization:gen_fp4_quantization_sm120_module"
+)
+
+
+def image_args(test_base: str, runtime_index: tuple[str, Path], *extra: str) -> list[str]:
+    index_url, requirements = runtime_index
+    return [
+        "image",
+        "--base-image", test_base,
+        "--pip-index-url", index_url,
+        "--pip-extra-index-url=",
+        "--runtime-requirements", str(requirements),
+        "--network-host",
+        "--jit-modules", WARM_MODULES,
+        *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, github: Upstreams, docker_host, test_base, runtime_index):
+    root = tmp_path_factory.mktemp("image")
+    builder = Builder(
+        make_data_dir(root / "data", github),
+        root / "cache",
+        github.mirror,
+        root / "wheelhouse",
+        env={"DOCKER_HOST": docker_host},
+    )
+    result = builder.run(*image_args(test_base, runtime_index, "--json"))
+    return builder, json.loads(result.stdout)["image"]
+
+
+def _run_in(docker_client, reference: str, script: str) -> str:
+    output = docker_client.containers.run(
+        reference, entrypoint=["python", "-c", script], remove=True, network_mode="none"
+    )
+    return output.decode()
+
+
+def test_image_holds_patched_wheels_and_warm_kernels(built, docker_client) -> None:
+    builder, image = built
+    wheels = json.loads(builder.run("wheels", "--json").stdout)["upstreams"]
+    script = (
+        "import importlib.metadata as m, json;"
+        "print(json.dumps({d: m.version(d) for d in ('sglang', 'flashinfer-python')}));"
+        "import importlib.util as u; print(u.find_spec('flashinfer_jit_cache') is None)"
+    )
+    versions, no_official_cache = _run_in(docker_client, image["reference"], script).splitlines()
+    assert json.loads(versions) == {
+        "sglang": wheels["sglang"]["wheel"]["version"],
+        "flashinfer-python": wheels["flashinfer"]["wheel"]["version"],
+    }
+    assert no_official_cache == "True"
+
+    inventory = image["jit_inventory"]
+    assert inventory["arch_list"] == ["12.0a"]
+    assert {m["name"] for m in inventory["modules"]} == {"norm", "fp4_quantization_120"}
+    assert all(m["arch"] == ["sm_120a"] and m["size"] > 100_000 for m in inventory["modules"])
+
+
+def test_container_finds_the_warm_modules_without_compiling(built, docker_client) -> None:
+    _, image = built
+    # The same check FlashInfer makes at run time: the module is compiled and its ninja
+    # build (the one FlashInfer would run) has nothing to do. No nvcc is invoked.
+    script = (
+        "import subprocess, flashinfer\n"
+        "from flashinfer.jit.norm import gen_norm_module\n"
+        "spec = gen_norm_module()\n"
+        "out = subprocess.run(['ninja', '-n', '-C', str(spec.build_dir), '-f',"
+        " str(spec.ninja_path)], capture_output=True, text=True).stdout\n"
+        "print(flashinfer.__version__, spec.is_compiled, spec.jit_library_path, out.strip())\n"
+    )
+    output = _run_in(docker_client, image["reference"], script)
+    version, compiled, path, *ninja = output.split()
+    assert version.startswith("0.6.3+sm120.g")
+    assert compiled == "True"
+    assert path.startswith("/opt/flashinfer/.cache/flashinfer/0.6.3+sm120.")
+    assert "/120a/cached_ops/norm/norm.so" in path
+    assert (
+        " ".join(ninja)
+        == f"ninja: Entering directory `{Path(path).parent!s}' ninja: no work to do."
+    )
+
+
+def test_labels_record_provenance(built, docker_client) -> None:
+    builder, image = built
+    labels = docker_client.images.get(image["reference"]).labels
+    forks = json.loads(builder.run("wheels", "--json").stdout)["upstreams"]
+    assert labels["io.builder.target"] == "sm120"
+    assert labels["io.builder.jit.arch"] == "sm_120a"
+    assert labels["org.opencontainers.image.revision"] == forks["sglang"]["fork_commit"]
+    assert labels["org.opencontainers.image.version"] == forks["sglang"]["wheel"]["version"]
+    assert labels["org.opencontainers.image.created"]
+    for name in ("sglang", "flashinfer"):
+        assert labels[f"io.builder.{name}.fork-commit"] == forks[name]["fork_commit"]
+        assert labels[f"io.builder.{name}.upstream-commit"] == forks[name]["upstream_commit"]
+        assert labels[f"io.builder.{name}.wheel-sha256"] == forks[name]["wheel"]["sha256"]
+        assert labels[f"io.builder.{name}.patch-series-sha256"] == forks[name]["series_sha256"]
+    assert image["reference"].startswith("sglang-sm120:sglang0.5.9-fi0.6.3-sm120-")
+
+
+def test_unchanged_inputs_build_nothing(built, test_base, runtime_index) -> None:
+    builder, image = built
+    again = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
+    assert again["image"]["skipped"] is True
+    assert again["image"]["image_id"] == image["image_id"]
+
+
+def test_sglang_patch_change_rebuilds_only_the_server_stage(
+    built, docker_client, test_base, runtime_index
+) -> None:
+    builder, image = built
+    patch = sorted((builder.data_dir / "forks/sglang/patches/sm120").glob("0001-*.patch"))[0]
+    original = patch.read_text()
+    patch.write_text(original.replace("\n---\n", "\nReviewed-by: tests\n---\n", 1))
+    try:
+        plan = json.loads(
+            builder.run(*image_args(test_base, runtime_index, "--plan", "--json")).stdout
+        )
+        assert plan["stages"]["runtime"]["rebuild"] is None
+        assert plan["stages"]["flashinfer"]["rebuild"] is None
+        assert plan["stages"]["server"]["rebuild"] == "sglang wheel changed"
+
+        rebuilt = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
+        assert rebuilt["image"]["reference"] != image["reference"]
+        old_layers = {h["Id"] for h in docker_client.images.get(image["reference"]).history()}
+        new_history = docker_client.images.get(rebuilt["image"]["reference"]).history()
+        warmup = [h for h in new_history if "jit_warmup.py --modules" in h["CreatedBy"]]
+        assert warmup and warmup[0]["Id"] in old_layers, "the JIT layer must be reused"
+        assert rebuilt["image"]["jit_inventory"] == image["jit_inventory"]
+    finally:
+        patch.write_text(original)
+
+
+def test_push_with_auth_then_pull_by_digest(
+    built, docker_client, registry, test_base, runtime_index
+) -> None:
+    builder, image = built
+    repository = f"{registry}/ml/sglang-sm120"
+    env = {
+        "BUILDER_REGISTRY_USERNAME": REGISTRY_USER,
+        "BUILDER_REGISTRY_PASSWORD": REGISTRY_PASSWORD,
+    }
+    args = image_args(test_base, runtime_index, "--push", repository, "--json")
+    result = builder.run(*args, env=env)
+    assert REGISTRY_PASSWORD not in result.stdout + result.stderr
+    pushed = json.loads(result.stdout)["image"]["pushed"]
+    assert pushed["digest"].startswith("sha256:")
+    assert pushed["reference"] == f"{repository}@{pushed['digest']}"
+
+    docker_client.images.remove(f"{repository}:{pushed['tag']}")
+    docker_client.login(REGISTRY_USER, REGISTRY_PASSWORD, registry=registry)
+    pulled = docker_client.images.pull(pushed["reference"])
+    assert pulled.id == image["image_id"]
+    docker_client.images.remove(pushed["reference"])
+
+
+def test_wrong_registry_password_is_a_clear_error(
+    built, docker_client, registry, test_base, runtime_index
+) -> None:
+    builder, _ = built
+    repository = f"{registry}/ml/denied"
+    env = {
+        "BUILDER_REGISTRY_USERNAME": REGISTRY_USER,
+        "BUILDER_REGISTRY_PASSWORD": "wrong-pass-123",
+    }
+    args = image_args(test_base, runtime_index, "--push", repository)
+    result = builder.run(*args, env=env, check=False)
+    assert result.returncode == 1
+    assert f"error: push to {repository} failed" in result.stderr
+    assert "wrong-pass-123" not in result.stdout + result.stderr
+    tags = [t for i in docker_client.images.list() for t in i.tags]
+    assert not [t for t in tags if t.startswith(repository)], "no registry tag left behind"
+
+
+def test_missing_base_image_says_how_to_provide_it(built, test_base, runtime_index) -> None:
+    builder, _ = built
+    args = image_args("no-such-base:1.0", runtime_index)
+    result = builder.run(*args, check=False)
+    assert result.returncode == 1
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "base image no-such-base:1.0 is not present and cannot be pulled" in line
+    assert "--base-image" in line and "docker load" in line
+
+
+def test_failing_build_step_names_the_step_and_leaves_no_tag(
+    built, docker_client, test_base, runtime_index
+) -> None:
+    builder, _ = built
+    args = image_args(test_base, runtime_index)
+    args[args.index("--jit-modules") + 1] = "flashinfer.jit.norm:gen_no_such_module"
+    before = {t for i in docker_client.images.list() for t in i.tags}
+    result = builder.run(*args, check=False)
+    assert result.returncode == 1
+    assert "image build failed at step" in result.stderr
+    assert "jit_warmup.py" in result.stderr
+    assert "cannot load generator flashinfer.jit.norm:gen_no_such_module" in result.stderr
+    assert {t for i in docker_client.images.list() for t in i.tags} == before
+
+
+def test_docker_daemon_down_is_one_line(builder: Builder) -> None:
+    result = builder.run(
+        "image", "--plan", env={"DOCKER_HOST": "unix:///nonexistent.sock"}, check=False
+    )
+    assert result.returncode == 1
+    assert "error: cannot reach the Docker daemon at unix:///nonexistent.sock" in result.stderr
