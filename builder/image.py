@@ -99,6 +99,26 @@ class ImageResult:
         }
 
 
+def options_record(options: ImageOptions) -> dict:
+    """The build choices for the manifest (index URLs without credentials)."""
+    from builder.manifest import strip_credentials
+
+    requirements = options.runtime_requirements
+    return {
+        "base_image": options.base_image,
+        "pip_index_url": strip_credentials(options.pip_index_url),
+        "pip_extra_index_url": strip_credentials(options.pip_extra_index_url),
+        "runtime_requirements": (
+            {"file": str(requirements), "sha256": sha256_file(requirements)}
+            if requirements
+            else "derived"
+        ),
+        "jit_modules": list(options.jit_modules),
+        "jit_jobs": options.jit_jobs,
+        "network_host": options.network_host,
+    }
+
+
 def _wheel_requirements(wheel: Path) -> list[Requirement]:
     with zipfile.ZipFile(wheel) as archive:
         name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
@@ -175,8 +195,7 @@ def plan(
         if options.runtime_requirements
         else runtime_requirements(target, wheels)
     )
-    dockerfile_dir = target.image.dockerfile.parent
-    recipe = {p.name: sha256_file(p) for p in sorted(dockerfile_dir.iterdir()) if p.is_file()}
+    recipe = {p.name: sha256_file(p) for p in recipe_files(target)}
     runtime_key = content_key(
         {
             "base_id": base_id,
@@ -286,12 +305,18 @@ def _image_matches(client: docker.DockerClient, reference: str, inputs_hash: str
     return (image.labels or {}).get(f"{LABEL_PREFIX}inputs") == inputs_hash
 
 
+def recipe_files(target: Target) -> list[Path]:
+    """What goes from the Dockerfile's folder into the context: not the target's data files,
+    so editing a launch profile does not change the image."""
+    folder = target.image.dockerfile.parent
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix != ".toml")
+
+
 def _make_context(
     target: Target, wheels: dict[str, BuiltWheel], requirements: str, directory: Path
 ) -> None:
-    for item in target.image.dockerfile.parent.iterdir():
-        if item.is_file() and item.name != "target.toml":
-            shutil.copy2(item, directory / item.name)
+    for item in recipe_files(target):
+        shutil.copy2(item, directory / item.name)
     if target.image.dockerfile.name != "Dockerfile":
         shutil.copy2(target.image.dockerfile, directory / "Dockerfile")
     (directory / "requirements-runtime.txt").write_text(requirements)

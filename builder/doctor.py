@@ -1,0 +1,216 @@
+"""`builder doctor`: is this GPU VM ready to run the target's image? Each finding has a fix.
+
+Parsing is separate from running commands, so captured `nvidia-smi` output (tests/data)
+exercises every check without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from packaging.version import Version
+
+GPU_QUERY = [
+    "nvidia-smi",
+    "--query-gpu=index,name,compute_cap,memory.total,driver_version",
+    "--format=csv,noheader,nounits",
+]
+# The oldest Linux driver each CUDA minor needs (CUDA toolkit release notes, table 3).
+MIN_DRIVER_FOR_CUDA = {
+    "12.8": Version("570.26"),
+    "12.9": Version("575.51.03"),
+    "13.0": Version("580.65.06"),
+}
+MIN_SHM_BYTES = 16 << 30
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    compute_cap: str
+    memory_mib: int
+    driver: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+    def to_json(self) -> dict:
+        return {"check": self.check, "ok": self.ok, "detail": self.detail, "fix": self.fix}
+
+
+def parse_gpus(text: str) -> list[Gpu]:
+    gpus = []
+    for line in text.strip().splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 5:
+            raise ValueError(f"unexpected nvidia-smi line: {line!r}")
+        index, name, cap, memory, driver = fields
+        gpus.append(Gpu(int(index), name, cap, int(float(memory)), driver))
+    return gpus
+
+
+def parse_topology(text: str) -> dict[tuple[int, int], str]:
+    """`nvidia-smi topo -m`: the link type between each pair of GPUs (NV#, PIX, PHB, SYS...)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    header = lines[0].split()
+    gpu_columns = [i for i, name in enumerate(header) if re.fullmatch(r"GPU\d+", name)]
+    links: dict[tuple[int, int], str] = {}
+    for line in lines[1:]:
+        cells = line.split()
+        if not cells or not re.fullmatch(r"GPU\d+", cells[0]):
+            continue
+        row = int(cells[0][3:])
+        for column in gpu_columns:
+            col = int(header[column][3:])
+            if row != col and column + 1 < len(cells):
+                links[(row, col)] = cells[column + 1]
+    return links
+
+
+def check_gpus(
+    gpus: list[Gpu], compute_cap: str, count: int, min_memory_gib: float
+) -> list[Finding]:
+    findings = []
+    matching = [g for g in gpus if g.compute_cap == compute_cap]
+    names = sorted({g.name for g in gpus}) or ["none"]
+    findings.append(
+        Finding(
+            "gpu count",
+            len(matching) >= count,
+            f"{len(matching)} GPU(s) with compute capability {compute_cap} ({', '.join(names)}); "
+            f"the profile needs {count}",
+            ""
+            if len(matching) >= count
+            else "pass all GPUs through to this VM (Proxmox: PCI device, All Functions, "
+            "PCI-Express, ROM-Bar) and check `nvidia-smi -L`",
+        )
+    )
+    others = [g for g in gpus if g.compute_cap != compute_cap]
+    if others:
+        findings.append(
+            Finding(
+                "compute capability",
+                False,
+                "GPU(s) "
+                + ", ".join(f"{g.index} ({g.name}, {g.compute_cap})" for g in others)
+                + f" are not {compute_cap}: this image's kernels are built for {compute_cap} only",
+                "use the target built for these GPUs, or hide them with CUDA_VISIBLE_DEVICES",
+            )
+        )
+    small = [g for g in matching if g.memory_mib < min_memory_gib * 1024]
+    findings.append(
+        Finding(
+            "gpu memory",
+            not small and bool(matching),
+            "per GPU: "
+            + ", ".join(sorted({f"{g.memory_mib / 1024:.0f} GiB" for g in matching}) or ["-"])
+            + f" (profile needs >= {min_memory_gib:g} GiB)",
+            "" if not small else "use GPUs with more memory or a smaller model/profile",
+        )
+    )
+    return findings
+
+
+def check_driver(gpus: list[Gpu], cuda_version: Version) -> Finding:
+    minimum = MIN_DRIVER_FOR_CUDA.get(f"{cuda_version.major}.{cuda_version.minor}")
+    drivers = sorted({g.driver for g in gpus})
+    if not drivers:
+        return Finding("driver", False, "no NVIDIA driver answered", "install the NVIDIA driver")
+    if minimum is None:
+        return Finding(
+            "driver", True, f"driver {drivers[0]}; no known minimum for CUDA {cuda_version}"
+        )
+    old = [d for d in drivers if Version(d) < minimum]
+    return Finding(
+        "driver",
+        not old,
+        f"driver {', '.join(drivers)}; CUDA {cuda_version.major}.{cuda_version.minor} "
+        f"needs >= {minimum}",
+        "" if not old else f"upgrade the NVIDIA driver in the VM to {minimum} or newer",
+    )
+
+
+def check_topology(links: dict[tuple[int, int], str]) -> Finding:
+    kinds = sorted(set(links.values()))
+    if not links:
+        return Finding("topology", True, "single GPU or no topology reported")
+    nvlink = all(k.startswith("NV") for k in kinds)
+    if nvlink:
+        return Finding("topology", True, "all GPU pairs on NVLink")
+    return Finding(
+        "topology",
+        True,
+        f"GPU links: {', '.join(kinds)} (PCIe, no NVLink): allreduce goes over PCIe",
+        "keep NCCL_P2P_LEVEL=PHB and NCCL_IB_DISABLE=1 (the profile sets them); in Proxmox, "
+        "GPUs behind one PCIe switch (PIX) allreduce faster than across sockets (SYS)",
+    )
+
+
+def check_shm(free_bytes: int) -> Finding:
+    return Finding(
+        "shm",
+        free_bytes >= MIN_SHM_BYTES,
+        f"/dev/shm {free_bytes / (1 << 30):.1f} GiB",
+        ""
+        if free_bytes >= MIN_SHM_BYTES
+        else "the launch command uses --ipc=host; if you cannot, give the container --shm-size 32g",
+    )
+
+
+def check_runtime(docker_info: dict | None) -> Finding:
+    if docker_info is None:
+        return Finding(
+            "container runtime",
+            False,
+            "Docker engine not reachable",
+            "install docker.io and start it (systemctl enable --now docker)",
+        )
+    runtimes = sorted((docker_info.get("Runtimes") or {}).keys())
+    ok = (
+        "nvidia" in runtimes
+        or bool(shutil.which("nvidia-container-runtime-hook"))
+        or bool(shutil.which("nvidia-ctk"))
+    )
+    return Finding(
+        "container runtime",
+        ok,
+        f"Docker runtimes: {', '.join(runtimes) or 'none'}",
+        ""
+        if ok
+        else "install nvidia-container-toolkit, then `nvidia-ctk runtime configure "
+        "--runtime=docker` and restart docker (needed for --gpus all)",
+    )
+
+
+def check_image(reference: str, present: bool) -> Finding:
+    return Finding(
+        "image",
+        present,
+        f"{reference} {'present' if present else 'not present'}",
+        "" if present else f"docker pull {reference}",
+    )
+
+
+def run_command(command: list[str]) -> str | None:
+    if not shutil.which(command[0]):
+        return None
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    return result.stdout if result.returncode == 0 else None
+
+
+def shm_free_bytes(path: str = "/dev/shm") -> int:
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return 0
+    return stat.f_bavail * stat.f_frsize

@@ -1,0 +1,294 @@
+"""Launch profiles: the exact server command for a target's image, as data.
+
+A profile (`images/<target>/profiles.toml`) holds the sglang arguments, environment,
+parameters (`{kv_cache_dtype}`), and what /server_info must show once ready. This module
+resolves one (with `extends` and user overrides) into a recipe: the `docker run` for a
+Proxmox GPU VM, its compose file and systemd unit, and the readiness checks.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from builder.errors import BuilderError
+
+CONTAINER_MODEL_DIR = "/models"
+HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
+_PARAM = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
+
+
+@dataclass(frozen=True)
+class Overrides:
+    model: str | None = None
+    port: int | None = None
+    params: tuple[tuple[str, str], ...] = ()
+    extra_args: tuple[str, ...] = ()
+    hf_cache: str = "$HOME/.cache/huggingface"
+    container_name: str | None = None
+
+
+@dataclass(frozen=True)
+class Recipe:
+    profile: str
+    description: str
+    image: str
+    container_name: str
+    args: tuple[str, ...]
+    env: dict[str, str]
+    volumes: tuple[tuple[str, str, str], ...]  # (host, container, mode)
+    port: int
+    shm_size: str
+    expect: dict[str, Any]
+    ready_deadline_minutes: int
+    experimental: bool
+    warning: str
+
+    def docker_run(self, detach: bool = True) -> list[str]:
+        command = ["docker", "run"]
+        if detach:
+            command.append("-d")
+        command += [
+            "--name", self.container_name,
+            "--gpus", "all",
+            "--ipc=host",
+            "--shm-size", self.shm_size,
+            "--ulimit", "memlock=-1",
+            "--ulimit", "stack=67108864",
+            "-p", f"{self.port}:{self.port}",
+        ]  # fmt: skip
+        for host, container, mode in self.volumes:
+            command += ["-v", f"{host}:{container}:{mode}"]
+        for key, value in sorted(self.env.items()):
+            command += ["-e", f"{key}={value}"]
+        command += ["-e", "HF_TOKEN", self.image, *self.args]
+        return command
+
+    def shell(self) -> str:
+        """The docker run as one shell line; $HOME stays for the VM's shell to expand."""
+        return " ".join(
+            f'"{part}"' if "$HOME" in part else shlex.quote(part) for part in self.docker_run()
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def to_json(self) -> dict:
+        return {
+            "profile": self.profile,
+            "description": self.description,
+            "image": self.image,
+            "container_name": self.container_name,
+            "experimental": self.experimental,
+            "warning": self.warning or None,
+            "args": list(self.args),
+            "env": self.env,
+            "volumes": [{"host": h, "container": c, "mode": m} for h, c, m in self.volumes],
+            "port": self.port,
+            "shm_size": self.shm_size,
+            "docker_run": self.docker_run(),
+            "docker_run_shell": self.shell(),
+            "readiness": {
+                "url": self.url,
+                "stages": ["port", "/health", "/health_generate", "/server_info"],
+                "deadline_minutes": self.ready_deadline_minutes,
+                "expect": self.expect,
+                "command": f"builder wait-ready {self.url} --container {self.container_name}",
+            },
+        }
+
+
+def profiles_file(target_file: Path) -> Path:
+    return target_file.parent / "profiles.toml"
+
+
+def load_profiles(target_file: Path) -> tuple[dict[str, dict], str]:
+    path = profiles_file(target_file)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise BuilderError(f"{path}: no launch profiles for this target") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise BuilderError(f"{path}: not valid TOML ({exc})") from None
+    profiles = data.get("profiles")
+    if not isinstance(profiles, dict) or not profiles:
+        raise BuilderError(f"{path}: field 'profiles' must hold at least one profile")
+    default = data.get("default", next(iter(profiles)))
+    if default not in profiles:
+        raise BuilderError(f"{path}: field 'default' names unknown profile '{default}'")
+    return profiles, default
+
+
+def _flatten(profiles: dict[str, dict], name: str, path: Path, seen: tuple = ()) -> dict:
+    if name not in profiles:
+        known = ", ".join(profiles)
+        raise BuilderError(f"{path}: unknown profile '{name}' (profiles: {known})")
+    if name in seen:
+        raise BuilderError(f"{path}: profile '{name}' extends itself")
+    profile = dict(profiles[name])
+    parent_name = profile.pop("extends", None)
+    if not parent_name:
+        return profile
+    parent = _flatten(profiles, parent_name, path, (*seen, name))
+    merged = {**parent, **profile}
+    for table in ("params", "env", "expect"):
+        merged[table] = {**parent.get(table, {}), **profile.get(table, {})}
+    merged["args"] = [*parent.get("args", []), *profile.get("extra_args", [])]
+    merged.pop("extra_args", None)
+    return merged
+
+
+def _substitute(value: Any, params: dict[str, str], where: str, path: Path) -> Any:
+    if not isinstance(value, str):
+        return value
+
+    def replace(match: re.Match) -> str:
+        key = match.group(1)
+        if key not in params:
+            raise BuilderError(f"{path}: {where} uses '{{{key}}}', which no param defines")
+        return params[key]
+
+    return _PARAM.sub(replace, value)
+
+
+def resolve(
+    target_file: Path, profile_name: str | None, image: str, overrides: Overrides
+) -> Recipe:
+    path = profiles_file(target_file)
+    profiles, default = load_profiles(target_file)
+    name = profile_name or default
+    profile = _flatten(profiles, name, path)
+
+    params = {k: str(v) for k, v in profile.get("params", {}).items()}
+    for key, value in overrides.params:
+        if key not in params:
+            known = ", ".join(sorted(params))
+            raise BuilderError(f"--set {key}: profile '{name}' has no such param (params: {known})")
+        params[key] = value
+    if overrides.port is not None:
+        if not 0 < overrides.port < 65536:
+            raise BuilderError(f"--port {overrides.port}: not a TCP port")
+        params["port"] = str(overrides.port)
+
+    volumes: list[tuple[str, str, str]] = []
+    model = overrides.model or params.get("model", "")
+    if model.startswith(("/", "./", "~")):
+        local = str(Path(model).expanduser())
+        in_container = f"{CONTAINER_MODEL_DIR}/{Path(local).name}"
+        volumes.append((local, in_container, "ro"))
+        params["model"] = in_container
+    else:
+        params["model"] = model
+        volumes.append((overrides.hf_cache, HF_CACHE_IN_CONTAINER, "rw"))
+
+    args = [_substitute(a, params, f"profile '{name}' args", path) for a in profile["args"]]
+    args += list(overrides.extra_args)
+    env = {
+        k: _substitute(str(v), params, f"env {k}", path) for k, v in profile.get("env", {}).items()
+    }
+    expect = {
+        k: _substitute(v, params, f"expect {k}", path) for k, v in profile.get("expect", {}).items()
+    }
+    try:
+        port = int(params.get("port", "30000"))
+    except ValueError:
+        raise BuilderError(f"port '{params.get('port')}' is not a number") from None
+    return Recipe(
+        profile=name,
+        description=profile.get("description", ""),
+        image=image,
+        container_name=overrides.container_name or profile.get("container_name", "sglang"),
+        args=tuple(args),
+        env=env,
+        volumes=tuple(volumes),
+        port=port,
+        shm_size=profile.get("shm_size", "32g"),
+        expect=expect,
+        ready_deadline_minutes=int(profile.get("ready_deadline_minutes", 20)),
+        experimental=bool(profile.get("experimental", False)),
+        warning=profile.get("warning", ""),
+    )
+
+
+def all_recipes(target_file: Path, image: str) -> dict[str, dict]:
+    """Every profile with its default params, for the manifest."""
+    profiles, _ = load_profiles(target_file)
+    return {name: resolve(target_file, name, image, Overrides()).to_json() for name in profiles}
+
+
+def compose_file(recipe: Recipe) -> str:
+    """docker compose for the VM (GPU reservation, host IPC, healthcheck for slow starts)."""
+    probe = (
+        "import urllib.request; "
+        f"urllib.request.urlopen('http://127.0.0.1:{recipe.port}/health', timeout=8)"
+    )
+    lines = [
+        f"# Generated by builder for profile {recipe.profile}. Start: docker compose up -d",
+        f"# Ready when: {recipe.to_json()['readiness']['command']}",
+        "services:",
+        "  sglang:",
+        f"    image: {recipe.image}",
+        f"    container_name: {recipe.container_name}",
+        "    ipc: host",
+        f"    shm_size: {recipe.shm_size}",
+        "    ulimits:",
+        "      memlock: -1",
+        "      stack: 67108864",
+        "    ports:",
+        f'      - "{recipe.port}:{recipe.port}"',
+        "    volumes:",
+        *[
+            f'      - "{host.replace("$HOME", "${HOME}")}:{container}:{mode}"'
+            for host, container, mode in recipe.volumes
+        ],
+        "    environment:",
+        *[f'      {key}: "{value}"' for key, value in sorted(recipe.env.items())],
+        "      HF_TOKEN: ${HF_TOKEN:-}",
+        "    command:",
+        *[f"      - {_yaml_quote(arg)}" for arg in recipe.args],
+        "    # A crash stops the container (no restart loop that hides it); see wait-ready.",
+        '    restart: "no"',
+        "    healthcheck:",
+        f'      test: ["CMD", "python", "-c", "{probe}"]',
+        "      interval: 30s",
+        "      timeout: 10s",
+        f"      start_period: {recipe.ready_deadline_minutes}m",
+        "      retries: 3",
+        "    deploy:",
+        "      resources:",
+        "        reservations:",
+        "          devices:",
+        "            - driver: nvidia",
+        "              count: all",
+        "              capabilities: [gpu]",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def systemd_unit(recipe: Recipe, directory: str) -> str:
+    return (
+        f"# Generated by builder for profile {recipe.profile}.\n"
+        "[Unit]\n"
+        f"Description=sglang {recipe.profile} ({recipe.image})\n"
+        "After=docker.service network-online.target\n"
+        "Requires=docker.service\n\n"
+        "[Service]\n"
+        "Type=oneshot\n"
+        "RemainAfterExit=yes\n"
+        f"WorkingDirectory={directory}\n"
+        "ExecStart=/usr/bin/docker compose up -d\n"
+        # A graceful stop: SIGTERM, then compose's timeout. Never `pkill -9 -f sglang`.
+        "ExecStop=/usr/bin/docker compose down --timeout 60\n"
+        "TimeoutStartSec=0\n\n"
+        "[Install]\n"
+        "WantedBy=multi-user.target\n"
+    )

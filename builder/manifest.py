@@ -1,0 +1,150 @@
+"""The manifest: one JSON file per build, the single source of truth for what was built.
+
+Provenance (pins, fork commits, patch hashes, wheels), what was published and pushed (only
+what really happened), the JIT cache inventory and the launch recipes. Files are written
+atomically under `manifests/<target>/<UTC time>-<inputs>.json` and never overwritten;
+`latest.json` is a symlink to the newest. The schema is `manifests/schema-v1.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from builder import __version__
+from builder.cache import atomic_write_text
+from builder.errors import BuilderError
+from builder.patches import ForkResult
+from builder.target import Target
+from builder.wheels import BuiltWheel
+
+SCHEMA_VERSION = 1
+LATEST = "latest.json"
+
+
+def strip_credentials(url: str) -> str:
+    """A URL safe to record: no user, password or token in it."""
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host = f"{host}:{parts.port}"
+        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return url
+
+
+def build_manifest(
+    target: Target,
+    forks: dict[str, ForkResult],
+    wheels: dict[str, BuiltWheel],
+    *,
+    image: dict | None = None,
+    image_options: dict | None = None,
+    published: dict[str, list[dict]] | None = None,
+    launch: dict[str, dict] | None = None,
+    created: str | None = None,
+) -> dict:
+    upstreams = {}
+    for name, fork in forks.items():
+        use = target.upstreams[name]
+        upstreams[name] = {
+            "url": strip_credentials(use.fork.url),
+            "ref": use.fork.ref,
+            "commit": fork.upstream_commit,
+            "version": use.fork.version,
+            "series": use.series,
+            "series_sha256": fork.series_sha256,
+            "patches": [{"file": p.path.name, "sha256": p.sha256} for p in fork.patches],
+            "fork_commit": fork.fork_commit,
+            "fork_branch": fork.branch,
+            "submodules": {s.path: s.commit for s in fork.checkout.submodules},
+        }
+    wheel_records = {
+        name: {
+            "filename": wheel.filename,
+            "dist_name": wheel.dist_name,
+            "version": wheel.version,
+            "sha256": wheel.sha256,
+            "size": wheel.size,
+            "published": (published or {}).get(name, []),
+        }
+        for name, wheel in wheels.items()
+    }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created": created or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "builder_version": __version__,
+        "python": sys.version.split()[0],
+        "target": {
+            "name": target.name,
+            "description": target.description,
+            "cuda_version": str(target.cuda_version),
+            "arch_list": list(target.arch_list),
+        },
+        "upstreams": upstreams,
+        "wheels": wheel_records,
+        "image": image,
+        "image_options": image_options,
+        "jit_cache": (image or {}).get("jit_inventory"),
+        "launch": launch,
+    }
+
+
+def manifest_dir(data_dir: Path, flag: str | None, target: str) -> Path:
+    return (Path(flag) if flag else data_dir / "manifests") / target
+
+
+def write(directory: Path, manifest: dict, tag: str) -> Path:
+    """A new history file (never an existing one) and the `latest.json` link to it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = manifest["created"].replace("-", "").replace(":", "")
+    path = directory / f"{stamp}-{tag}.json"
+    counter = 1
+    while path.exists():
+        counter += 1
+        path = directory / f"{stamp}-{tag}-{counter}.json"
+    atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    link = directory / f".{LATEST}.partial"
+    link.unlink(missing_ok=True)
+    link.symlink_to(path.name)
+    os.replace(link, directory / LATEST)
+    return path
+
+
+def load(path: Path) -> dict:
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BuilderError(f"{path}: no such manifest (run `builder image` first)") from None
+    except json.JSONDecodeError as exc:
+        raise BuilderError(f"{path}: not valid JSON ({exc})") from None
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise BuilderError(
+            f"{path}: schema_version {manifest.get('schema_version')!r}, "
+            f"this builder reads {SCHEMA_VERSION}"
+        )
+    return manifest
+
+
+def latest_with_image(directory: Path) -> Path:
+    """The newest manifest of the target that records an image."""
+    candidates = sorted((p for p in directory.glob("*.json") if p.name != LATEST), reverse=True)
+    for path in candidates:
+        if (load(path).get("image") or {}).get("reference"):
+            return path
+    raise BuilderError(f"{directory}: no manifest with an image yet (run `builder image` first)")
+
+
+def image_reference(manifest: dict) -> str:
+    """The pushed reference by digest when there is one, else the local tag."""
+    image = manifest.get("image") or {}
+    pushed = image.get("pushed")
+    if pushed:
+        return pushed["reference"]
+    if image.get("reference"):
+        return image["reference"]
+    raise BuilderError("the manifest records no image (run `builder image` first)")

@@ -1,0 +1,189 @@
+"""`builder wait-ready`: tell "still loading" from "crashed" from "ready", in stages.
+
+Stages: the port opens, GET /health answers 200 (503 means still starting), GET
+/health_generate answers 200 (a real 1-token generation), GET /server_info shows the
+backends the profile asked for. A crash is the container exiting or restarting, read
+from the engine's container state (exit code and log tail), never guessed from log words.
+Without --container, a server that stops answering is reported as unreachable, not
+crashed: only the engine knows.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from builder import progress
+
+STAGES = ("port", "/health", "/health_generate", "/server_info")
+EXIT_CODES = {"ready": 0, "crashed": 2, "timeout": 3, "mismatch": 4}
+
+
+@dataclass
+class Verdict:
+    state: str  # ready | crashed | timeout | mismatch
+    message: str
+    stage: str
+    elapsed: float
+    server_info: dict = field(default_factory=dict)
+    log_tail: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.state]
+
+    def to_json(self) -> dict:
+        return {
+            "state": self.state,
+            "message": self.message,
+            "stage": self.stage,
+            "elapsed_seconds": round(self.elapsed, 1),
+            "server_info": self.server_info,
+            "log_tail": self.log_tail,
+        }
+
+
+def _get(url: str, timeout: float) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, b""
+
+
+def _port_open(url: str) -> bool:
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    with socket.socket() as sock:
+        sock.settimeout(2)
+        return sock.connect_ex((parts.hostname or "127.0.0.1", port)) == 0
+
+
+def _same(expected: object, actual: object) -> bool:
+    if isinstance(actual, bool) or isinstance(expected, bool):
+        return str(actual).lower() == str(expected).lower()
+    return str(actual) == str(expected)
+
+
+def check_server_info(info: dict, expect: dict) -> list[str]:
+    """Every expected key that /server_info reports differently (or not at all)."""
+    return [
+        f"{key}={info.get(key, '<missing>')} (asked for {value})"
+        for key, value in expect.items()
+        if not _same(value, info.get(key))
+    ]
+
+
+class _ContainerWatch:
+    """Container state from the engine: exited, dead or restarted means crashed."""
+
+    def __init__(self, client, name: str) -> None:
+        self.container = client.containers.get(name)
+        self.restarts = self.container.attrs["RestartCount"]
+
+    def crashed(self) -> str | None:
+        self.container.reload()
+        state = self.container.attrs["State"]
+        if state["Status"] in ("exited", "dead"):
+            return f"container {self.container.name} exited with code {state['ExitCode']}"
+        restarts = self.container.attrs["RestartCount"]
+        if state.get("Restarting") or restarts > self.restarts:
+            return (
+                f"container {self.container.name} restarted {restarts - self.restarts} time(s) "
+                f"(last exit code {state['ExitCode']})"
+            )
+        return None
+
+    def log_tail(self, lines: int = 30) -> str:
+        return self.container.logs(tail=lines).decode(errors="replace")
+
+
+def wait_ready(
+    url: str,
+    *,
+    deadline_s: float,
+    expect: dict | None = None,
+    container: str | None = None,
+    docker_client=None,
+    poll_s: float = 2.0,
+) -> Verdict:
+    url = url.rstrip("/")
+    watch = _ContainerWatch(docker_client, container) if container else None
+    started = time.monotonic()
+    stage = 0
+    detail = "waiting"
+    with progress.task("wait-ready") as bar:
+        task_id = bar.task_ids[0]
+        bar.update(task_id, total=len(STAGES))
+        while True:
+            elapsed = time.monotonic() - started
+            previous = stage
+            if watch:
+                crash = watch.crashed()
+                if crash:
+                    return Verdict(
+                        "crashed", crash, STAGES[stage], elapsed, log_tail=watch.log_tail()
+                    )
+            if STAGES[stage] == "port":
+                if _port_open(url):
+                    stage, detail = 1, "port open"
+                else:
+                    detail = "port closed (starting)"
+            elif STAGES[stage] == "/health":
+                status, _ = _get(f"{url}/health", timeout=10)
+                if status == 200:
+                    stage, detail = 2, "/health 200"
+                else:
+                    detail = f"/health {status or 'no answer'} (still loading)"
+            elif STAGES[stage] == "/health_generate":
+                status, _ = _get(f"{url}/health_generate", timeout=120)
+                if status == 200:
+                    stage, detail = 3, "/health_generate 200"
+                else:
+                    detail = f"/health_generate {status or 'no answer'} (warming up)"
+            else:
+                status, body = _get(f"{url}/server_info", timeout=30)
+                if status == 200:
+                    info = json.loads(body or b"{}")
+                    wrong = check_server_info(info, expect or {})
+                    elapsed = time.monotonic() - started
+                    if wrong:
+                        return Verdict(
+                            "mismatch",
+                            "server is up but /server_info shows " + "; ".join(wrong),
+                            "/server_info",
+                            elapsed,
+                            server_info=info,
+                        )
+                    return Verdict(
+                        "ready",
+                        f"ready in {elapsed:.0f} s: generation works and backends match",
+                        "/server_info",
+                        elapsed,
+                        server_info=info,
+                    )
+                detail = f"/server_info {status or 'no answer'}"
+            bar.update(
+                task_id,
+                completed=stage,
+                description=f"wait-ready {url}: {detail} (deadline {deadline_s / 60:.0f} min)",
+            )
+            if elapsed > deadline_s:
+                where = "the container is still running" if watch else "no container to inspect"
+                return Verdict(
+                    "timeout",
+                    f"not ready after {elapsed / 60:.1f} min, last: {detail}; {where} "
+                    "(still loading is not a crash: raise --deadline or look at its log)",
+                    STAGES[stage],
+                    elapsed,
+                    log_tail=watch.log_tail() if watch else "",
+                )
+            if stage == previous:
+                time.sleep(poll_s)
