@@ -73,14 +73,12 @@ class Builder:
 
     def command(self, *args: str) -> list[str]:
         command, *rest = args
-        extra = ["--wheelhouse", str(self.wheelhouse)] if command in ("wheels", "image") else []
-        return [
-            sys.executable, "-m", "builder.cli", command,
-            "--data-dir", str(self.data_dir),
-            "--cache-dir", str(self.cache_dir),
-            "--mirror", self.mirror,
-            *extra, *rest,
-        ]  # fmt: skip
+        options = ["--data-dir", str(self.data_dir)]
+        if command in ("sources", "patch", "wheels", "image", "publish", "patches"):
+            options += ["--cache-dir", str(self.cache_dir), "--mirror", self.mirror]
+        if command in ("wheels", "image", "publish"):
+            options += ["--wheelhouse", str(self.wheelhouse)]
+        return [sys.executable, "-m", "builder.cli", command, *options, *rest]
 
     def run(
         self, *args: str, check: bool = True, env: dict[str, str] | None = None

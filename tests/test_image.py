@@ -47,8 +47,8 @@ def built(tmp_path_factory, github: Upstreams, docker_host, test_base, runtime_i
         root / "wheelhouse",
         env={"DOCKER_HOST": docker_host},
     )
-    result = builder.run(*image_args(test_base, runtime_index, "--json"))
-    return builder, json.loads(result.stdout)["image"]
+    result = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
+    return builder, result["image"], Path(result["manifest"])
 
 
 def _run_in(docker_client, reference: str, script: str) -> str:
@@ -59,7 +59,7 @@ def _run_in(docker_client, reference: str, script: str) -> str:
 
 
 def test_image_holds_patched_wheels_and_warm_kernels(built, docker_client) -> None:
-    builder, image = built
+    builder, image, _ = built
     wheels = json.loads(builder.run("wheels", "--json").stdout)["upstreams"]
     script = (
         "import importlib.metadata as m, json;"
@@ -80,7 +80,7 @@ def test_image_holds_patched_wheels_and_warm_kernels(built, docker_client) -> No
 
 
 def test_container_finds_the_warm_modules_without_compiling(built, docker_client) -> None:
-    _, image = built
+    _, image, _ = built
     # The same check FlashInfer makes at run time: the module is compiled and its ninja
     # build (the one FlashInfer would run) has nothing to do. No nvcc is invoked.
     script = (
@@ -104,7 +104,7 @@ def test_container_finds_the_warm_modules_without_compiling(built, docker_client
 
 
 def test_labels_record_provenance(built, docker_client) -> None:
-    builder, image = built
+    builder, image, _ = built
     labels = docker_client.images.get(image["reference"]).labels
     forks = json.loads(builder.run("wheels", "--json").stdout)["upstreams"]
     assert labels["io.builder.target"] == "sm120"
@@ -121,7 +121,7 @@ def test_labels_record_provenance(built, docker_client) -> None:
 
 
 def test_unchanged_inputs_build_nothing(built, test_base, runtime_index) -> None:
-    builder, image = built
+    builder, image, _ = built
     again = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
     assert again["image"]["skipped"] is True
     assert again["image"]["image_id"] == image["image_id"]
@@ -130,7 +130,7 @@ def test_unchanged_inputs_build_nothing(built, test_base, runtime_index) -> None
 def test_sglang_patch_change_rebuilds_only_the_server_stage(
     built, docker_client, test_base, runtime_index
 ) -> None:
-    builder, image = built
+    builder, image, _ = built
     patch = sorted((builder.data_dir / "forks/sglang/patches/sm120").glob("0001-*.patch"))[0]
     original = patch.read_text()
     patch.write_text(original.replace("\n---\n", "\nReviewed-by: tests\n---\n", 1))
@@ -156,7 +156,7 @@ def test_sglang_patch_change_rebuilds_only_the_server_stage(
 def test_push_with_auth_then_pull_by_digest(
     built, docker_client, registry, test_base, runtime_index
 ) -> None:
-    builder, image = built
+    builder, image, _ = built
     repository = f"{registry}/ml/sglang-sm120"
     env = {
         "BUILDER_REGISTRY_USERNAME": REGISTRY_USER,
@@ -179,7 +179,7 @@ def test_push_with_auth_then_pull_by_digest(
 def test_wrong_registry_password_is_a_clear_error(
     built, docker_client, registry, test_base, runtime_index
 ) -> None:
-    builder, _ = built
+    builder, _, _ = built
     repository = f"{registry}/ml/denied"
     env = {
         "BUILDER_REGISTRY_USERNAME": REGISTRY_USER,
@@ -195,7 +195,7 @@ def test_wrong_registry_password_is_a_clear_error(
 
 
 def test_missing_base_image_says_how_to_provide_it(built, test_base, runtime_index) -> None:
-    builder, _ = built
+    builder, _, _ = built
     args = image_args("no-such-base:1.0", runtime_index)
     result = builder.run(*args, check=False)
     assert result.returncode == 1
@@ -207,7 +207,7 @@ def test_missing_base_image_says_how_to_provide_it(built, test_base, runtime_ind
 def test_failing_build_step_names_the_step_and_leaves_no_tag(
     built, docker_client, test_base, runtime_index
 ) -> None:
-    builder, _ = built
+    builder, _, _ = built
     args = image_args(test_base, runtime_index)
     args[args.index("--jit-modules") + 1] = "flashinfer.jit.norm:gen_no_such_module"
     before = {t for i in docker_client.images.list() for t in i.tags}
@@ -225,3 +225,68 @@ def test_docker_daemon_down_is_one_line(builder: Builder) -> None:
     )
     assert result.returncode == 1
     assert "error: cannot reach the Docker daemon at unix:///nonexistent.sock" in result.stderr
+
+
+def _validate(manifest: dict) -> None:
+    import jsonschema
+
+    from tests.conftest import REPO_ROOT
+
+    schema = json.loads((REPO_ROOT / "manifests/schema-v1.json").read_text())
+    jsonschema.validate(manifest, schema, format_checker=jsonschema.FormatChecker())
+
+
+def test_manifest_records_exactly_what_was_built(built, docker_client) -> None:
+    import hashlib
+
+    builder, image, first_manifest = built
+    manifests = builder.data_dir / "manifests" / "sm120"
+    manifest = json.loads(first_manifest.read_text())
+    _validate(manifest)
+    assert manifest["image"]["image_id"] == docker_client.images.get(image["reference"]).id
+    assert manifest["image"]["pushed"] is None, "nothing was pushed: nothing claimed"
+    assert manifest["jit_cache"] == image["jit_inventory"]
+    for name, wheel in manifest["wheels"].items():
+        on_disk = builder.wheelhouse / wheel["filename"]
+        assert hashlib.sha256(on_disk.read_bytes()).hexdigest() == wheel["sha256"]
+        assert wheel["published"] == []
+        assert manifest["upstreams"][name]["fork_commit"][:7] in wheel["version"]
+    recipe = manifest["launch"]["glm5-nvfp4-tp8"]
+    assert recipe["image"] == image["reference"]
+    assert "flashinfer_cutlass" in recipe["args"]
+    assert not list(manifests.glob(".*partial"))
+
+
+def test_manifest_history_is_kept(built, test_base, runtime_index) -> None:
+    builder, _, _ = built
+    manifests = builder.data_dir / "manifests" / "sm120"
+    before = {p.name: p.read_bytes() for p in manifests.glob("2*.json")}
+    result = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
+    after = {p.name: p.read_bytes() for p in manifests.glob("2*.json")}
+    assert set(before) < set(after), "a new manifest per build"
+    assert all(after[name] == content for name, content in before.items()), "none rewritten"
+    latest = manifests / "latest.json"
+    assert latest.is_symlink() and latest.resolve() == Path(result["manifest"])
+
+
+def test_pushed_manifest_has_the_registry_digest_and_no_secret(
+    built, docker_client, registry, test_base, runtime_index
+) -> None:
+    builder, _, _ = built
+    repository = f"{registry}/ml/manifested"
+    env = {
+        "BUILDER_REGISTRY_USERNAME": REGISTRY_USER,
+        "BUILDER_REGISTRY_PASSWORD": REGISTRY_PASSWORD,
+    }
+    args = image_args(test_base, runtime_index, "--push", repository, "--json")
+    result = json.loads(builder.run(*args, env=env).stdout)
+    manifest = json.loads(Path(result["manifest"]).read_text())
+    _validate(manifest)
+    digest = docker_client.images.get_registry_data(
+        f"{repository}:{manifest['image']['pushed']['tag']}",
+        auth_config={"username": REGISTRY_USER, "password": REGISTRY_PASSWORD},
+    ).id
+    assert manifest["image"]["pushed"]["digest"] == digest
+    assert manifest["launch"]["glm5-nvfp4-tp8"]["image"] == f"{repository}@{digest}"
+    for path in builder.data_dir.joinpath("manifests").rglob("*.json"):
+        assert REGISTRY_PASSWORD not in path.read_text()

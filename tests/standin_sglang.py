@@ -1,0 +1,54 @@
+"""A stand-in for sglang's HTTP endpoints (no GPU exists here), run inside a real container.
+
+It plays a server that loads for STARTUP_SECONDS (port open, /health answers 503), then
+serves /health, /health_generate and /server_info (SERVER_INFO, JSON). With
+DIE_AFTER_SECONDS it exits with EXIT_CODE mid-start, like a server that crashed.
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+STARTED = time.monotonic()
+STARTUP = float(os.environ.get("STARTUP_SECONDS", "3"))
+DIE_AFTER = os.environ.get("DIE_AFTER_SECONDS")
+SERVER_INFO = json.loads(os.environ.get("SERVER_INFO", "{}"))
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        loading = time.monotonic() - STARTED < STARTUP
+        if self.path in ("/health", "/health_generate"):
+            self._send(503 if loading else 200, b"")
+        elif self.path in ("/server_info", "/get_server_info"):
+            self._send(503 if loading else 200, json.dumps(SERVER_INFO).encode())
+        else:
+            self._send(404, b"")
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args) -> None:
+        print(f"standin: {format % args}", flush=True)
+
+
+def die_later(seconds: float, code: int) -> None:
+    time.sleep(seconds)
+    print(f"standin: Load weight begin... simulated fatal error, exiting {code}", flush=True)
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    if DIE_AFTER:
+        threading.Thread(
+            target=die_later, args=(float(DIE_AFTER), int(os.environ.get("EXIT_CODE", "1")))
+        ).start()
+    print("standin: Load weight begin (loading checkpoint shards)", flush=True)
+    server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
+    server.serve_forever()

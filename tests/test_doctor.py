@@ -1,0 +1,67 @@
+"""`builder doctor` checks on captured `nvidia-smi` output (no GPU here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from packaging.version import Version
+
+from builder import doctor
+
+DATA = Path(__file__).parent / "data" / "nvidia-smi"
+
+
+def _gpus(name: str) -> list[doctor.Gpu]:
+    return doctor.parse_gpus((DATA / f"{name}.query.csv").read_text())
+
+
+def _by_check(findings: list[doctor.Finding]) -> dict[str, doctor.Finding]:
+    return {f.check: f for f in findings}
+
+
+def test_eight_rtx_pro_6000_pass() -> None:
+    gpus = _gpus("rtx-pro-6000-x8")
+    assert len(gpus) == 8 and gpus[0].compute_cap == "12.0" and gpus[0].memory_mib == 97887
+    findings = _by_check(doctor.check_gpus(gpus, "12.0", 8, 90))
+    assert findings["gpu count"].ok and findings["gpu memory"].ok
+    assert "compute capability" not in findings
+    assert doctor.check_driver(gpus, Version("12.8.1")).ok
+
+
+def test_old_driver_fails_with_the_minimum() -> None:
+    finding = doctor.check_driver(_gpus("rtx-pro-6000-x8-old-driver"), Version("12.8.1"))
+    assert not finding.ok
+    assert "565.57.01" in finding.detail and ">= 570.26" in finding.detail
+    assert "upgrade the NVIDIA driver" in finding.fix
+
+
+def test_mixed_gpus_fail_count_and_capability() -> None:
+    findings = _by_check(doctor.check_gpus(_gpus("mixed-6x-pro6000-1x-4090"), "12.0", 8, 90))
+    assert not findings["gpu count"].ok
+    assert "6 GPU(s) with compute capability 12.0" in findings["gpu count"].detail
+    assert "Proxmox" in findings["gpu count"].fix
+    assert not findings["compute capability"].ok
+    assert "6 (NVIDIA GeForce RTX 4090, 8.9)" in findings["compute capability"].detail
+
+
+def test_too_little_memory_per_gpu() -> None:
+    findings = _by_check(doctor.check_gpus(_gpus("rtx-pro-6000-x8"), "12.0", 8, 120))
+    assert not findings["gpu memory"].ok
+
+
+def test_pcie_topology_is_parsed_and_explained() -> None:
+    links = doctor.parse_topology((DATA / "rtx-pro-6000-x8.topo.txt").read_text())
+    assert len(links) == 8 * 7
+    assert links[(0, 1)] == "PHB" and links[(0, 5)] == "SYS" and links[(7, 6)] == "PHB"
+    finding = doctor.check_topology(links)
+    assert "PHB, SYS" in finding.detail and "no NVLink" in finding.detail
+    assert "NCCL_P2P_LEVEL=PHB" in finding.fix
+
+
+def test_small_shm_and_missing_runtime_fail() -> None:
+    assert not doctor.check_shm(64 << 20).ok
+    assert doctor.check_shm(64 << 30).ok
+    assert not doctor.check_runtime(None).ok
+    runtime = doctor.check_runtime({"Runtimes": {"runc": {}}})
+    assert "runc" in runtime.detail
+    assert doctor.check_runtime({"Runtimes": {"runc": {}, "nvidia": {}}}).ok

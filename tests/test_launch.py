@@ -1,0 +1,142 @@
+"""Launch profiles: the commands match the target data; overrides work; bad input is clear."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from builder import launch
+from builder.errors import BuilderError
+from tests.conftest import REPO_ROOT, Builder
+
+TARGET = REPO_ROOT / "images/sm120/target.toml"
+PROFILES = tomllib.loads((REPO_ROOT / "images/sm120/profiles.toml").read_text())["profiles"]
+IMAGE = "registry.example/ml/sglang-sm120@sha256:" + "a" * 64
+
+
+def _flag(args: tuple[str, ...], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def test_default_profile_is_the_field_validated_tp8_recipe() -> None:
+    recipe = launch.resolve(TARGET, None, IMAGE, launch.Overrides())
+    assert recipe.profile == "glm5-nvfp4-tp8"
+    base = PROFILES["glm5-nvfp4-tp8"]
+    # Every argument comes from the data, with params filled in.
+    params = base["params"]
+    expected = [a.format(**params) for a in base["args"]]
+    assert list(recipe.args) == expected
+    assert _flag(recipe.args, "--moe-runner-backend") == "flashinfer_cutlass"
+    assert _flag(recipe.args, "--tp") == "8"
+    assert _flag(recipe.args, "--kv-cache-dtype") == "fp8_e4m3"
+    assert "--enable-flashinfer-allreduce-fusion" not in recipe.args
+    assert recipe.env == base["env"]
+    assert not recipe.experimental
+
+    run = recipe.docker_run()
+    assert run[:2] == ["docker", "run"]
+    for part in ("--gpus", "--ipc=host", "--shm-size"):
+        assert part in run
+    assert IMAGE in run and run.index(IMAGE) == len(run) - len(recipe.args) - 1
+    assert "30000:30000" in run
+    assert "$HOME/.cache/huggingface:/root/.cache/huggingface:rw" in run
+
+
+def test_fusion_profile_is_the_default_plus_the_flag_and_warns() -> None:
+    plain = launch.resolve(TARGET, "glm5-nvfp4-tp8", IMAGE, launch.Overrides())
+    fusion = launch.resolve(TARGET, "glm5-nvfp4-tp8-fusion", IMAGE, launch.Overrides())
+    assert fusion.args == (*plain.args, "--enable-flashinfer-allreduce-fusion")
+    assert fusion.experimental
+    assert "236" in fusion.warning and "3,740" in fusion.warning
+    assert fusion.expect["enable_flashinfer_allreduce_fusion"] is True
+    assert fusion.expect["moe_runner_backend"] == "flashinfer_cutlass"
+
+
+def test_overrides_model_dir_port_params_and_extra_args() -> None:
+    overrides = launch.Overrides(
+        model="/data/GLM-5-NVFP4",
+        port=8000,
+        params=(("kv_cache_dtype", "bf16"),),
+        extra_args=("--log-level", "debug"),
+        container_name="glm5-test",
+    )
+    recipe = launch.resolve(TARGET, None, IMAGE, overrides)
+    assert _flag(recipe.args, "--model-path") == "/models/GLM-5-NVFP4"
+    assert ("/data/GLM-5-NVFP4", "/models/GLM-5-NVFP4", "ro") in recipe.volumes
+    assert _flag(recipe.args, "--port") == "8000" and "8000:8000" in recipe.docker_run()
+    assert _flag(recipe.args, "--kv-cache-dtype") == "bf16"
+    assert recipe.expect["kv_cache_dtype"] == "bf16"
+    assert recipe.args[-2:] == ("--log-level", "debug")
+    assert recipe.container_name == "glm5-test"
+
+
+@pytest.mark.parametrize(
+    ("profile", "overrides", "message"),
+    [
+        ("nope", launch.Overrides(), "unknown profile 'nope'"),
+        (
+            None,
+            launch.Overrides(params=(("kv_dtype", "bf16"),)),
+            "--set kv_dtype: profile 'glm5-nvfp4-tp8' has no such param",
+        ),
+        (None, launch.Overrides(port=70000), "--port 70000: not a TCP port"),
+    ],
+)
+def test_bad_profile_or_override(profile, overrides, message) -> None:
+    with pytest.raises(BuilderError, match=message):
+        launch.resolve(TARGET, profile, IMAGE, overrides)
+
+
+def test_compose_and_unit_carry_the_recipe() -> None:
+    recipe = launch.resolve(TARGET, None, IMAGE, launch.Overrides())
+    compose = launch.compose_file(recipe)
+    assert f"image: {IMAGE}" in compose
+    assert "ipc: host" in compose and "driver: nvidia" in compose and "count: all" in compose
+    assert "start_period: 20m" in compose
+    assert '- "flashinfer_cutlass"' in compose
+    unit = launch.systemd_unit(recipe, "/opt/sglang")
+    assert "ExecStart=/usr/bin/docker compose up -d" in unit
+    assert "pkill" not in unit
+
+
+def _manifest(directory: Path, pushed: bool) -> Path:
+    directory.mkdir(parents=True)
+    image = {
+        "reference": "sglang-sm120:test",
+        "pushed": {"reference": IMAGE} if pushed else None,
+    }
+    path = directory / "20260101T000000Z-test.json"
+    path.write_text(json.dumps({"schema_version": 1, "image": image}))
+    return path
+
+
+def test_launch_cli_takes_the_pushed_image_by_digest(builder: Builder) -> None:
+    _manifest(builder.data_dir / "manifests/sm120", pushed=True)
+    result = builder.run("launch", "--set", "kv_cache_dtype=bf16", "--json")
+    recipe = json.loads(result.stdout)
+    assert recipe["image"] == IMAGE
+    assert "--kv-cache-dtype" in recipe["args"] and "bf16" in recipe["args"]
+    assert "warning" not in result.stderr
+
+
+def test_launch_cli_warns_for_unpushed_image_and_experimental_profile(builder: Builder) -> None:
+    _manifest(builder.data_dir / "manifests/sm120", pushed=False)
+    result = builder.run("launch", "--profile", "glm5-nvfp4-tp8-fusion")
+    assert "sglang-sm120:test" in result.stdout
+    assert "EXPERIMENTAL" in result.stderr and "was not pushed" in result.stderr
+
+
+def test_launch_cli_bad_override_is_one_line(builder: Builder) -> None:
+    _manifest(builder.data_dir / "manifests/sm120", pushed=True)
+    result = builder.run("launch", "--set", "nonsense", check=False)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == "error: --set nonsense: expected KEY=VALUE"
+
+
+def test_launch_without_any_manifest_says_what_to_do(builder: Builder) -> None:
+    result = builder.run("launch", check=False)
+    assert result.returncode == 1
+    assert "run `builder image` first" in result.stderr
