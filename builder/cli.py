@@ -193,6 +193,12 @@ def cmd_image(args: argparse.Namespace) -> None:
     result = image.build_image(client, target, forks, wheels, options, image_plan)
     if args.push:
         result.pushed = registry.push(client, result.reference, args.push)
+    publish_error = None
+    try:
+        published = _publish(args, wheels)
+    except BuilderError as exc:
+        # The image and its push happened: record them, then report the failed publish.
+        published, publish_error = None, exc
     image_record = result.to_json()
     reference = result.pushed["reference"] if result.pushed else result.reference
     record = manifest.build_manifest(
@@ -202,6 +208,7 @@ def cmd_image(args: argparse.Namespace) -> None:
         image={k: v for k, v in image_record.items() if k != "jit_inventory"}
         | {"jit_inventory": result.jit_inventory},
         image_options=image.options_record(options),
+        published=published,
         launch=launch.all_recipes(target.file, reference),
     )
     written = manifest.write(
@@ -209,9 +216,12 @@ def cmd_image(args: argparse.Namespace) -> None:
         record,
         image_plan.inputs_hash[:12],
     )
+    if publish_error:
+        raise BuilderError(f"{publish_error} (image manifest written: {written})")
     lines = [f"image {result.reference}  id={result.image_id[:19]}"]
     if result.pushed:
         lines.append(f"pushed {result.pushed['reference']}")
+    lines += [f"published {r['url']}" for records in (published or {}).values() for r in records]
     lines.append(f"manifest {written}")
     _emit(
         args,
@@ -431,6 +441,81 @@ def _tp_size(args: tuple[str, ...]) -> int:
     return 1
 
 
+def _publish(args: argparse.Namespace, wheels: dict) -> dict[str, list[dict]]:
+    """Publish where the flags say; {wheel name: [verified records]}."""
+    from builder import publish
+
+    published: dict[str, list[dict]] = {name: [] for name in wheels}
+    ordered = sorted(wheels.values(), key=lambda w: w.name != "flashinfer")  # deps first
+    upload_url = args.publish
+    if args.publish_repository and not upload_url:
+        upload_url = publish.pypirc_url(args.publish_repository)
+    if upload_url:
+        simple = args.publish_simple or publish.default_simple_url(upload_url)
+        for name, record in publish.publish_to_index(
+            ordered, upload_url, simple, args.publish_repository
+        ).items():
+            published[name].append(record)
+    if args.publish_static:
+        for name, record in publish.publish_static(ordered, Path(args.publish_static)).items():
+            published[name].append(record)
+    return published
+
+
+def _publish_options(command: argparse.ArgumentParser, flag: str, static_flag: str) -> None:
+    command.add_argument(
+        flag,
+        dest="publish",
+        metavar="URL",
+        help="upload the wheels to this index's upload URL (pypiserver, devpi, Artifactory); "
+        "credentials from TWINE_USERNAME/TWINE_PASSWORD, keyring or ~/.pypirc",
+    )
+    command.add_argument(
+        "--index-simple",
+        dest="publish_simple",
+        metavar="URL",
+        help="the index's simple (PEP 503/691) URL, to check and verify (default: URL/simple/)",
+    )
+    command.add_argument(
+        "--repository",
+        dest="publish_repository",
+        metavar="NAME",
+        help="a ~/.pypirc section to take the upload URL and credentials from",
+    )
+    command.add_argument(
+        static_flag,
+        dest="publish_static",
+        metavar="DIR",
+        help="write/extend a static PEP 503 index (+ PEP 691 JSON) in DIR",
+    )
+
+
+def cmd_publish(args: argparse.Namespace) -> None:
+    from builder import manifest
+
+    if not (args.publish or args.publish_static or args.publish_repository):
+        raise BuilderError("builder publish needs --index URL, --repository NAME or --static DIR")
+    ctx = _context(args)
+    wheelhouse = Path(args.wheelhouse or Path("wheelhouse") / ctx.target.name).resolve()
+    with locked(ctx.cache_dir):
+        built = pipeline.wheels(ctx, wheelhouse)
+    forks = {name: fork for name, (fork, _) in built.items()}
+    wheels = {name: wheel for name, (_, wheel) in built.items()}
+    published = _publish(args, wheels)
+    record = manifest.build_manifest(ctx.target, forks, wheels, published=published)
+    tag = "publish-" + "-".join(f.fork_commit[:7] for f in forks.values())
+    written = manifest.write(
+        manifest.manifest_dir(ctx.data_dir, args.manifest_dir, ctx.target.name), record, tag
+    )
+    lines = [
+        f"{r['action']:<16} {r['url']}  sha256={r['sha256'][:16]}…"
+        for records in published.values()
+        for r in records
+    ]
+    lines.append(f"manifest {written}")
+    _emit(args, {"published": published, "manifest": str(written)}, lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="builder",
@@ -533,6 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="parallel compile jobs (default 0: from cores and memory)",
     )
+    _publish_options(image_cmd, "--publish", "--publish-static")
     image_cmd.add_argument(
         "--manifest-dir",
         metavar="DIR",
@@ -543,6 +629,25 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="build with host networking (to reach an index or proxy on the host's loopback)",
     )
+
+    publish_cmd = add(
+        "publish",
+        cmd_publish,
+        "publish the patched wheels to a private index (runs wheels first)",
+        "Upload the wheels to a package index with twine, or write them into a static PEP 503 "
+        "index. A file already on the index with the same sha256 is skipped; the same name "
+        "with another sha256 is refused. Each wheel is resolved back from the index and its "
+        "sha256 compared before it is recorded as published in the manifest.\n\n"
+        "examples:\n"
+        "  TWINE_USERNAME=ci TWINE_PASSWORD=... builder publish --index https://pypi.internal/\n"
+        "  builder publish --static /srv/www/wheels   # then pip install --index-url "
+        "https://host/wheels/simple/ sglang==0.5.9",
+    )
+    publish_cmd.add_argument(
+        "--wheelhouse", help="where the wheels are copied (default: ./wheelhouse/<target>)"
+    )
+    _publish_options(publish_cmd, "--index", "--static")
+    publish_cmd.add_argument("--manifest-dir", metavar="DIR", help="where manifests go")
 
     def launch_options(command: argparse.ArgumentParser) -> None:
         command.add_argument("--profile", help="launch profile (default: the target's default)")

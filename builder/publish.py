@@ -1,0 +1,290 @@
+"""Stage 5b: publish the wheels to a private package index, never overwriting a file.
+
+Two ways: upload with twine to any index with the standard upload API (pypiserver,
+devpi, Artifactory, ...), or write a static PEP 503 index (plus PEP 691 JSON) into a
+directory nginx or object storage can serve. Either way builder first reads what the
+index already holds: the same file with the same sha256 is skipped, the same file name
+with another sha256 is refused. After publishing it resolves each wheel back from the
+index and compares sha256; only verified wheels are recorded as published.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import json
+import os
+import re
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import urljoin
+
+from filelock import FileLock
+from packaging.utils import canonicalize_name
+
+from builder import progress
+from builder.cache import atomic_copy, atomic_write_text, sha256_file
+from builder.errors import BuilderError
+from builder.manifest import strip_credentials
+from builder.wheels import BuiltWheel
+
+JSON_ACCEPT = "application/vnd.pypi.simple.v1+json"
+_CREDENTIAL_HINT = "check TWINE_USERNAME/TWINE_PASSWORD, your keyring or ~/.pypirc"
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    filename: str
+    url: str
+    sha256: str | None
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[tuple[str, str]] = []
+        self._href: str | None = None
+
+    def handle_starttag(self, tag, attrs) -> None:
+        if tag == "a":
+            self._href = dict(attrs).get("href")
+
+    def handle_data(self, data) -> None:
+        if self._href is not None:
+            self.links.append((self._href, data.strip()))
+            self._href = None
+
+
+def _parse_project_page(body: bytes, content_type: str, page_url: str) -> dict[str, IndexFile]:
+    files: dict[str, IndexFile] = {}
+    if "json" in content_type:
+        for entry in json.loads(body).get("files", []):
+            files[entry["filename"]] = IndexFile(
+                entry["filename"],
+                urljoin(page_url, entry["url"]),
+                (entry.get("hashes") or {}).get("sha256"),
+            )
+        return files
+    parser = _Links()
+    parser.feed(body.decode(errors="replace"))
+    for href, text in parser.links:
+        url, _, fragment = href.partition("#")
+        filename = text or url.rsplit("/", 1)[-1]
+        match = re.match(r"sha256=([0-9a-f]{64})", fragment)
+        files[filename] = IndexFile(
+            filename, urljoin(page_url, url), match.group(1) if match else None
+        )
+    return files
+
+
+def read_project(simple_url: str, project: str) -> dict[str, IndexFile]:
+    """What the index holds for `project` (PEP 691 JSON if offered, else PEP 503 HTML)."""
+    page = f"{simple_url.rstrip('/')}/{canonicalize_name(project)}/"
+    request = urllib.request.Request(page, headers={"Accept": f"{JSON_ACCEPT}, text/html;q=0.5"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return _parse_project_page(
+                response.read(), response.headers.get("Content-Type", ""), response.url
+            )
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return {}
+        raise BuilderError(
+            f"index {strip_credentials(simple_url)}: reading {project} answered "
+            f"{exc.code} {exc.reason}"
+        ) from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise BuilderError(
+            f"index {strip_credentials(simple_url)} is unreachable ({reason})"
+        ) from None
+
+
+def _check_immutable(wheel: BuiltWheel, existing: dict[str, IndexFile], where: str) -> bool:
+    """True if the same file is already there; error if a different one has its name."""
+    present = existing.get(wheel.filename)
+    if present is None:
+        return False
+    if present.sha256 != wheel.sha256:
+        raise BuilderError(
+            f"{where} already has {wheel.filename} with sha256 {present.sha256 or 'unknown'}, "
+            f"ours is {wheel.sha256}: refusing to overwrite a published file (change the patch "
+            "series so the version changes, or remove the old file on the index)"
+        )
+    return True
+
+
+def _record(index: str, found: IndexFile, action: str) -> dict:
+    return {
+        "index": strip_credentials(index),
+        "url": strip_credentials(found.url),
+        "sha256": found.sha256,
+        "action": action,
+    }
+
+
+def _verify(simple_url: str, wheel: BuiltWheel, index: str, action: str) -> dict:
+    found = read_project(simple_url, wheel.dist_name).get(wheel.filename)
+    if found is None or found.sha256 != wheel.sha256:
+        got = "missing" if found is None else f"sha256 {found.sha256}"
+        raise BuilderError(
+            f"{strip_credentials(index)}: after publishing, {wheel.filename} resolves as {got}, "
+            f"expected {wheel.sha256}"
+        )
+    return _record(index, found, action)
+
+
+def pypirc_url(repository: str) -> str:
+    """The upload URL of a ~/.pypirc section."""
+    from twine import exceptions as twine_errors
+    from twine.utils import get_repository_from_config
+
+    try:
+        config = get_repository_from_config("~/.pypirc", repository)
+    except twine_errors.TwineException as exc:
+        raise BuilderError(f"--repository {repository}: {exc}") from None
+    return config["repository"]
+
+
+def default_simple_url(upload_url: str) -> str:
+    return upload_url.rstrip("/") + "/simple/"
+
+
+def _upload(upload_url: str, repository: str | None, wheel: BuiltWheel) -> None:
+    import requests
+    from twine import exceptions as twine_errors
+    from twine.commands.upload import upload
+    from twine.settings import Settings
+
+    # With a .pypirc section, twine takes URL and credentials from it; else from the env.
+    settings = Settings(
+        repository_url=None if repository else upload_url,
+        repository_name=repository or "pypi",
+        # Settings does not read the environment itself (twine's CLI does).
+        username=os.environ.get("TWINE_USERNAME"),
+        password=os.environ.get("TWINE_PASSWORD"),
+        non_interactive=True,
+        disable_progress_bar=True,
+    )
+    try:
+        # twine prints progress to stdout; stdout is reserved for --json results.
+        with contextlib.redirect_stdout(sys.stderr):
+            upload(settings, [str(wheel.path)])
+    except requests.HTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else "?"
+        reason = exc.response.reason if exc.response is not None else str(exc)
+        hint = {401: _CREDENTIAL_HINT, 403: _CREDENTIAL_HINT}.get(status, "")
+        if status in (400, 409):
+            hint = "the index refused the file (it may exist with other content)"
+        raise BuilderError(
+            f"upload of {wheel.filename} to {strip_credentials(upload_url)} failed: "
+            f"{status} {reason}" + (f" ({hint})" if hint else "")
+        ) from None
+    except requests.ConnectionError:
+        raise BuilderError(f"index {strip_credentials(upload_url)} is unreachable") from None
+    except twine_errors.TwineException as exc:
+        raise BuilderError(f"upload of {wheel.filename}: {exc}") from None
+
+
+def publish_to_index(
+    wheels: list[BuiltWheel], upload_url: str, simple_url: str, repository: str | None = None
+) -> dict[str, dict]:
+    """Upload the wheels that are not there yet; return {wheel name: verified record}."""
+    records: dict[str, dict] = {}
+    where = strip_credentials(upload_url)
+    for wheel in wheels:
+        existing = read_project(simple_url, wheel.dist_name)
+        if _check_immutable(wheel, existing, where):
+            progress.info(f"[green]✓[/] {wheel.filename} already on {where} (same sha256): skipped")
+            records[wheel.name] = _verify(simple_url, wheel, upload_url, "already-present")
+            continue
+        with progress.task(f"upload {wheel.filename} to {where}"):
+            _upload(upload_url, repository, wheel)
+        records[wheel.name] = _verify(simple_url, wheel, upload_url, "uploaded")
+    return records
+
+
+def _project_page(project: str, files: list[Path]) -> str:
+    links = "\n".join(
+        f'    <a href="../../files/{html.escape(f.name)}#sha256={sha256_file(f)}">'
+        f"{html.escape(f.name)}</a><br/>"
+        for f in files
+    )
+    return (
+        '<!DOCTYPE html>\n<html>\n  <head><meta name="pypi:repository-version" content="1.0">'
+        f"<title>Links for {project}</title></head>\n  <body>\n    <h1>Links for {project}</h1>\n"
+        f"{links}\n  </body>\n</html>\n"
+    )
+
+
+def _project_json(project: str, files: list[Path]) -> str:
+    return json.dumps(
+        {
+            "meta": {"api-version": "1.0"},
+            "name": project,
+            "files": [
+                {
+                    "filename": f.name,
+                    "url": f"../../files/{f.name}",
+                    "hashes": {"sha256": sha256_file(f)},
+                }
+                for f in files
+            ],
+        },
+        indent=2,
+    )
+
+
+def _files_of(files_dir: Path, project: str) -> list[Path]:
+    from packaging.utils import parse_wheel_filename
+
+    found = []
+    for path in sorted(files_dir.glob("*.whl")):
+        with contextlib.suppress(ValueError):
+            if parse_wheel_filename(path.name)[0] == project:
+                found.append(path)
+    return found
+
+
+def publish_static(wheels: list[BuiltWheel], directory: Path) -> dict[str, dict]:
+    """Add the wheels to a static PEP 503/691 index in `directory`, keeping what is there."""
+    directory = directory.resolve()
+    files_dir = directory / "files"
+    simple = directory / "simple"
+    files_dir.mkdir(parents=True, exist_ok=True)
+    index_url = directory.as_uri() + "/simple/"
+    records: dict[str, dict] = {}
+    actions: dict[str, str] = {}
+    with FileLock(directory / ".builder-index.lock"):
+        for wheel in wheels:
+            project = canonicalize_name(wheel.dist_name)
+            existing = {
+                f.name: IndexFile(f.name, f.as_uri(), sha256_file(f))
+                for f in _files_of(files_dir, project)
+            }
+            present = _check_immutable(wheel, existing, str(directory))
+            actions[wheel.name] = "already-present" if present else "written"
+            if not present:
+                atomic_copy(wheel.path, files_dir / wheel.filename)
+            files = _files_of(files_dir, project)
+            atomic_write_text(simple / project / "index.html", _project_page(project, files))
+            atomic_write_text(simple / project / "index.json", _project_json(project, files))
+        projects = sorted(p.name for p in simple.iterdir() if (p / "index.html").is_file())
+        root = "".join(f'    <a href="{p}/">{p}</a><br/>\n' for p in projects)
+        atomic_write_text(
+            simple / "index.html",
+            f"<!DOCTYPE html>\n<html>\n  <body>\n{root}  </body>\n</html>\n",
+        )
+        for wheel in wheels:
+            page = simple / canonicalize_name(wheel.dist_name) / "index.html"
+            found = _parse_project_page(page.read_bytes(), "text/html", page.as_uri()).get(
+                wheel.filename
+            )
+            if found is None or found.sha256 != wheel.sha256:
+                raise BuilderError(f"{page}: {wheel.filename} did not verify after writing")
+            records[wheel.name] = _record(index_url, found, actions[wheel.name])
+    return records
