@@ -108,7 +108,9 @@ def sha256(path: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modules", required=True, help="comma-separated package.module:function")
-    parser.add_argument("--jobs", type=int, default=0, help="compile jobs (0: from cores and memory)")
+    parser.add_argument(
+        "--jobs", type=int, default=0, help="compile jobs (0: from cores and memory)"
+    )
     parser.add_argument("--job-memory-gb", type=float, default=6.0, help="peak memory per job")
     parser.add_argument("--inventory", required=True, type=Path)
     args = parser.parse_args()
@@ -154,7 +156,9 @@ def main() -> None:
             {
                 "module": name,
                 "name": spec.name,
-                "file": str(library.relative_to(workspace)) if library.is_relative_to(workspace) else str(library),
+                "file": str(library.relative_to(workspace))
+                if library.is_relative_to(workspace)
+                else str(library),
                 "size": library.stat().st_size,
                 "sha256": sha256(library),
                 "arch": arches,
