@@ -139,7 +139,25 @@ def ensure_commit(
     return path
 
 
-def _open_workdir(path: Path, mirror: Path) -> pygit2.Repository:
+def fetch_ref(cache_dir: Path, url: str, ref: str, mirrors: Mirrors, what: str) -> tuple[str, str]:
+    """(commit, full ref name) of a tag, branch or commit SHA of the upstream at `url`."""
+    repo = _open_or_create_mirror(_mirror_path(cache_dir, url))
+    if re.fullmatch(r"[0-9a-f]{40}", ref) and _has_commit(repo, ref):
+        return ref, ref
+    candidates = [ref] if ref.startswith("refs/") else [f"refs/tags/{ref}", f"refs/heads/{ref}"]
+    effective = mirrors.rewrite(url)
+    _fetch(repo, effective, [f"+{c}:{c}" for c in candidates], shallow=True, what=what)
+    for candidate in candidates:
+        if candidate in repo.references:
+            return str(repo.references[candidate].peel(pygit2.Commit).id), candidate
+    if re.fullmatch(r"[0-9a-f]{40}", ref):
+        _fetch(repo, effective, ALL_REFS, shallow=False, what=what)
+        if _has_commit(repo, ref):
+            return ref, ref
+    raise BuilderError(f"--onto {ref}: no such tag, branch or commit at {effective}")
+
+
+def open_workdir(path: Path, mirror: Path) -> pygit2.Repository:
     """A work repository borrowing `mirror`'s objects; recreated if missing or damaged."""
     alternates = f"{mirror / 'objects'}\n"
     try:
@@ -210,7 +228,7 @@ def checkout_submodules(
     for sub in submodules:
         label = f"{what} submodule {sub.path}"
         mirror = ensure_commit(cache_dir, sub.url, sub.commit, mirrors, label)
-        sub_repo = _open_workdir(root / sub.path, mirror)
+        sub_repo = open_workdir(root / sub.path, mirror)
         checkout_commit(sub_repo, sub.commit)
         checkout_submodules(cache_dir, sub_repo, sub.commit, sub.url, mirrors, label)
     return submodules
@@ -225,7 +243,7 @@ def fetch_and_checkout(cache_dir: Path, target: str, fork: Fork, mirrors: Mirror
     what = str(fork.directory / "pin.toml")
     mirror = ensure_commit(cache_dir, fork.url, fork.commit, mirrors, what, ref=fork.ref)
     path = workdir_path(cache_dir, target, fork.name)
-    repo = _open_workdir(path, mirror)
+    repo = open_workdir(path, mirror)
     checkout_commit(repo, fork.commit)
     submodules = checkout_submodules(cache_dir, repo, fork.commit, fork.url, mirrors, what)
     return Checkout(fork.name, path, fork.commit, submodules)

@@ -73,12 +73,14 @@ class Builder:
 
     def command(self, *args: str) -> list[str]:
         command, *rest = args
+        if command == "patches":  # `patches ACTION` takes the options after the action
+            command, rest = f"patches {rest[0]}", rest[1:]
         options = ["--data-dir", str(self.data_dir)]
-        if command in ("sources", "patch", "wheels", "image", "publish", "patches"):
+        if command.split()[0] in ("sources", "patch", "wheels", "image", "publish", "patches"):
             options += ["--cache-dir", str(self.cache_dir), "--mirror", self.mirror]
         if command in ("wheels", "image", "publish"):
             options += ["--wheelhouse", str(self.wheelhouse)]
-        return [sys.executable, "-m", "builder.cli", command, *options, *rest]
+        return [sys.executable, "-m", "builder.cli", *command.split(), *options, *rest]
 
     def run(
         self, *args: str, check: bool = True, env: dict[str, str] | None = None

@@ -143,48 +143,78 @@ def _publish_bare(work: Path, bare: Path) -> None:
     _git("clone", "-q", "--bare", str(work), str(bare), cwd=work.parent)
 
 
-def build_repository(snapshot: Snapshot, root: Path) -> str:
-    """Create `<root>/<owner>/<name>.git` from the sdist; return the tagged commit SHA."""
-    sdist = fetch_sdist(snapshot.dist, snapshot.version)
+def _extract(snapshot: Snapshot, version: str, destination: Path) -> Path:
+    """The sdist of `version` laid out as the upstream's git tree, in `destination`."""
+    sdist = fetch_sdist(snapshot.dist, version)
+    with tarfile.open(sdist) as archive:
+        archive.extractall(destination, filter="tar")
+    (extracted,) = [p for p in destination.iterdir() if p.is_dir()]
+    for name in _SDIST_ONLY:
+        (extracted / name).unlink(missing_ok=True)
+    for egg_info in extracted.glob("*.egg-info"):
+        shutil.rmtree(egg_info)
+    for generated in snapshot.generated_files:
+        (extracted / generated).unlink(missing_ok=True)
+    tree = destination / "tree"
+    (tree / snapshot.sdist_root_in_git).mkdir(parents=True, exist_ok=True)
+    for item in extracted.iterdir():
+        shutil.move(str(item), tree / snapshot.sdist_root_in_git / item.name)
+    if not snapshot.sdist_root_in_git:
+        # flashinfer's git tree carries its version in version.txt (the sdist in PKG-INFO).
+        (tree / "version.txt").write_text(f"{version}\n")
+    return tree
+
+
+def _replace_tree(work: Path, tree: Path) -> None:
+    for item in work.iterdir():
+        if item.name != ".git":
+            shutil.rmtree(item) if item.is_dir() else item.unlink()
+    for item in tree.iterdir():
+        shutil.move(str(item), work / item.name)
+
+
+def build_history(snapshot: Snapshot, versions: list[str], root: Path) -> dict[str, str]:
+    """`<root>/<owner>/<name>.git` with one commit per version on one branch, each tagged
+    v<version>; submodules get one commit per version too. Returns {version: commit}."""
+    commits: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix=f"fixture-{snapshot.name}-") as tmp:
         tmp_path = Path(tmp)
-        with tarfile.open(sdist) as archive:
-            archive.extractall(tmp_path, filter="tar")
-        (extracted,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-        for name in _SDIST_ONLY:
-            (extracted / name).unlink(missing_ok=True)
-        for egg_info in extracted.glob("*.egg-info"):
-            shutil.rmtree(egg_info)
-        for generated in snapshot.generated_files:
-            (extracted / generated).unlink(missing_ok=True)
-
         work = tmp_path / "work"
-        (work / snapshot.sdist_root_in_git).mkdir(parents=True, exist_ok=True)
-        for item in extracted.iterdir():
-            shutil.move(str(item), work / snapshot.sdist_root_in_git / item.name)
-        if not snapshot.sdist_root_in_git:
-            # flashinfer's git tree carries its version in version.txt (the sdist in PKG-INFO).
-            (work / "version.txt").write_text(f"{snapshot.version}\n")
+        work.mkdir()
         _git("init", "-q", "-b", "main", cwd=work)
-
-        gitmodules = []
-        gitlinks = {}
-        for path, owner, name in snapshot.submodules:
-            sub_work = work / path
-            _git("init", "-q", "-b", "main", cwd=sub_work)
-            sub_commit = _commit_tree(sub_work, f"{name} as vendored by {snapshot.dist}", None)
-            _publish_bare(sub_work, root / owner / f"{name}.git")
-            shutil.rmtree(sub_work)
-            gitlinks[path] = sub_commit
-            gitmodules.append(
-                f'[submodule "{path}"]\n\tpath = {path}\n'
-                f"\turl = https://github.com/{owner}/{name}.git\n"
+        sub_works = {}
+        for path, _, name in snapshot.submodules:
+            sub_works[path] = tmp_path / "submodules" / name
+            sub_works[path].mkdir(parents=True)
+            _git("init", "-q", "-b", "main", cwd=sub_works[path])
+        for number, version in enumerate(versions):
+            tree = _extract(snapshot, version, tmp_path / f"sdist-{number}")
+            gitlinks, gitmodules = {}, []
+            for path, owner, name in snapshot.submodules:
+                _replace_tree(sub_works[path], tree / path)
+                shutil.rmtree(tree / path)
+                gitlinks[path] = _commit_tree(
+                    sub_works[path], f"{name} as vendored by {snapshot.dist} {version}", None
+                )
+                gitmodules.append(
+                    f'[submodule "{path}"]\n\tpath = {path}\n'
+                    f"\turl = https://github.com/{owner}/{name}.git\n"
+                )
+            if gitmodules:
+                (tree / ".gitmodules").write_text("".join(gitmodules))
+            _replace_tree(work, tree)
+            commits[version] = _commit_tree(
+                work, f"{snapshot.dist} {version}", f"v{version}", gitlinks
             )
-        if gitmodules:
-            (work / ".gitmodules").write_text("".join(gitmodules))
-        commit = _commit_tree(work, f"{snapshot.dist} {snapshot.version}", snapshot.tag, gitlinks)
+        for path, owner, name in snapshot.submodules:
+            _publish_bare(sub_works[path], root / owner / f"{name}.git")
         _publish_bare(work, root / snapshot.owner / f"{snapshot.name}.git")
-    return commit
+    return commits
+
+
+def build_repository(snapshot: Snapshot, root: Path) -> str:
+    """Create `<root>/<owner>/<name>.git` from the sdist; return the tagged commit SHA."""
+    return build_history(snapshot, [snapshot.version], root)[snapshot.version]
 
 
 def build_all(root: Path) -> dict[str, str]:
