@@ -61,6 +61,7 @@ def parse_gpus(text: str) -> list[Gpu]:
 
 def parse_topology(text: str) -> dict[tuple[int, int], str]:
     """`nvidia-smi topo -m`: the link type between each pair of GPUs (NV#, PIX, PHB, SYS...)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # nvidia-smi underlines the header on a tty
     lines = [line for line in text.splitlines() if line.strip()]
     header = lines[0].split()
     gpu_columns = [i for i, name in enumerate(header) if re.fullmatch(r"GPU\d+", name)]

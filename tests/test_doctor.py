@@ -65,3 +65,18 @@ def test_small_shm_and_missing_runtime_fail() -> None:
     runtime = doctor.check_runtime({"Runtimes": {"runc": {}}})
     assert "runc" in runtime.detail
     assert doctor.check_runtime({"Runtimes": {"runc": {}, "nvidia": {}}}).ok
+
+
+def test_real_h200_capture_with_nvlink() -> None:
+    """Captured on the lent 2x H200 machine (its header has terminal escape codes)."""
+    gpus = _gpus("h200-x2")
+    assert [g.name for g in gpus] == ["NVIDIA H200", "NVIDIA H200"]
+    findings = _by_check(doctor.check_gpus(gpus, "9.0", 2, 130))
+    assert findings["gpu count"].ok and findings["gpu memory"].ok
+    assert doctor.check_driver(gpus, Version("12.8.1")).ok
+    links = doctor.parse_topology((DATA / "h200-x2.topo.txt").read_text())
+    assert links == {(0, 1): "NV18", (1, 0): "NV18"}
+    assert doctor.check_topology(links).detail == "all GPU pairs on NVLink"
+    # The sm120 image on this machine: the capability check says why it cannot run.
+    wrong = _by_check(doctor.check_gpus(gpus, "12.0", 8, 90))
+    assert not wrong["gpu count"].ok and not wrong["compute capability"].ok
