@@ -61,6 +61,7 @@ def start_dockerd(root: Path) -> Daemon:
     # A short socket path: unix socket paths are limited to ~108 bytes.
     run = Path(tempfile.mkdtemp(prefix="bt-docker-", dir="/tmp"))
     socket_path = run / "d.sock"
+    root.mkdir(parents=True, exist_ok=True)
     log = (root / "dockerd.log").open("w")
     process = subprocess.Popen(
         [
