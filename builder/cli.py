@@ -143,7 +143,7 @@ def cmd_wheels(args: argparse.Namespace) -> None:
 
 
 def cmd_image(args: argparse.Namespace) -> None:
-    from builder import docker_client, image, launch, manifest, registry
+    from builder import docker_client, image, launch, manifest, provenance, registry
 
     ctx = _context(args)
     if ctx.only:
@@ -164,6 +164,12 @@ def cmd_image(args: argparse.Namespace) -> None:
     )
     if options.runtime_requirements and not options.runtime_requirements.is_file():
         raise BuilderError(f"--runtime-requirements {options.runtime_requirements}: no such file")
+    provenance.refuse_credentials_in_build_args("--pip-index-url", options.pip_index_url)
+    provenance.refuse_credentials_in_build_args(
+        "--pip-extra-index-url", options.pip_extra_index_url
+    )
+    if args.push and not args.plan:
+        provenance.refuse_dirty_push(ctx.data_dir, args.allow_dirty)
     client = docker_client.connect()
     wheelhouse = Path(args.wheelhouse or Path("wheelhouse") / target.name).resolve()
     with locked(ctx.cache_dir):
@@ -685,6 +691,11 @@ def build_parser() -> argparse.ArgumentParser:
     image_cmd.add_argument("--base-image", metavar="REF", help="base image (default: the target's)")
     image_cmd.add_argument(
         "--push", metavar="REGISTRY/REPO", help="push the image there and print its digest"
+    )
+    image_cmd.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="push even with uncommitted changes under images/ or forks/",
     )
     image_cmd.add_argument(
         "--plan", action="store_true", help="print what would be built and why; build nothing"

@@ -29,7 +29,10 @@ def results(tmp_path_factory) -> dict:
         ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
         capture_output=True, text=True, check=True,
     ).stdout.split()[0] + "a"  # fmt: skip
-    subprocess.run([sys.executable, str(REPO / "bench/gpu_check.py"), "--arch", arch, "--out", str(out)], check=True)
+    subprocess.run(
+        [sys.executable, str(REPO / "bench/gpu_check.py"), "--arch", arch, "--out", str(out)],
+        check=True,
+    )
     return json.loads((out / "gpu-results.json").read_text())
 
 

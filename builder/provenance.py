@@ -1,0 +1,53 @@
+"""Safety rails that keep an image's labels and manifest honest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pygit2
+
+from builder.errors import BuilderError
+
+TRACKED_DATA = ("images", "forks")
+
+
+def uncommitted_data(data_dir: Path) -> list[str]:
+    """Files under images/ or forks/ that differ from the data repository's HEAD."""
+    found = pygit2.discover_repository(str(data_dir))
+    if found is None:
+        return []
+    repo = pygit2.Repository(found)
+    if repo.workdir is None:
+        return []
+    prefix = data_dir.resolve().relative_to(Path(repo.workdir).resolve())
+    roots = tuple(str(prefix / folder).removeprefix("./") + "/" for folder in TRACKED_DATA)
+    ignored = pygit2.enums.FileStatus.IGNORED
+    return sorted(
+        path
+        for path, flags in repo.status().items()
+        if path.startswith(roots) and not flags & ignored
+    )
+
+
+def refuse_dirty_push(data_dir: Path, allow_dirty: bool) -> None:
+    if allow_dirty:
+        return
+    dirty = uncommitted_data(data_dir)
+    if dirty:
+        shown = ", ".join(dirty[:3]) + (f" and {len(dirty) - 3} more" if len(dirty) > 3 else "")
+        raise BuilderError(
+            f"refusing to push: uncommitted changes in {shown} (the image would not match any "
+            "commit of the project data); commit them, or pass --allow-dirty"
+        )
+
+
+def refuse_credentials_in_build_args(name: str, url: str) -> None:
+    """The classic builder stores build arguments in the image history: no secrets there."""
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        raise BuilderError(
+            f"{name}: the URL carries credentials, which would be stored in the image's build "
+            "history; use an index that needs none from the build host, or a netrc/pip.conf "
+            "baked into your base image"
+        )
