@@ -30,6 +30,7 @@ from builder import __version__, progress
 from builder.cache import content_key, sha256_file
 from builder.cuda import sm_name
 from builder.errors import BuilderError
+from builder.manifest import strip_credentials
 from builder.patches import ForkResult
 from builder.target import Target
 from builder.wheels import BuiltWheel
@@ -101,8 +102,6 @@ class ImageResult:
 
 def options_record(options: ImageOptions) -> dict:
     """The build choices for the manifest (index URLs without credentials)."""
-    from builder.manifest import strip_credentials
-
     requirements = options.runtime_requirements
     return {
         "base_image": options.base_image,

@@ -24,7 +24,7 @@ from pathlib import Path
 from urllib.parse import urljoin
 
 from filelock import FileLock
-from packaging.utils import canonicalize_name
+from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from builder import progress
 from builder.cache import atomic_copy, atomic_write_text, sha256_file
@@ -155,6 +155,7 @@ def default_simple_url(upload_url: str) -> str:
 
 
 def _upload(upload_url: str, repository: str | None, wheel: BuiltWheel) -> None:
+    # twine (and requests) take a while to import; only uploads need them.
     import requests
     from twine import exceptions as twine_errors
     from twine.commands.upload import upload
@@ -240,8 +241,6 @@ def _project_json(project: str, files: list[Path]) -> str:
 
 
 def _files_of(files_dir: Path, project: str) -> list[Path]:
-    from packaging.utils import parse_wheel_filename
-
     found = []
     for path in sorted(files_dir.glob("*.whl")):
         with contextlib.suppress(ValueError):

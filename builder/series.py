@@ -28,7 +28,7 @@ from builder.cache import atomic_write_text, remove_tree
 from builder.errors import BuilderError
 from builder.patches import COMMITTER_EMAIL, COMMITTER_NAME, PatchFile, parse_patch_file
 from builder.settings import Mirrors
-from builder.sources import checkout_commit, ensure_commit, fetch_ref, open_workdir
+from builder.sources import checkout_commit, ensure_commit, fetch_ref, open_workdir, workdir_path
 from builder.target import Fork
 
 STATE_FILE = "builder-refresh.json"
@@ -321,8 +321,6 @@ def export(cache_dir, target, fork: Fork, series: str, mirrors) -> dict:
     commit (conflict markers refused), the remaining patches follow, then forks/ is
     rewritten. Without one: the build work directory's fork branch is exported as is.
     """
-    from builder.sources import workdir_path
-
     path = refresh_dir(cache_dir, target, fork.name)
     state_file = path / ".git" / STATE_FILE
     if not state_file.is_file():

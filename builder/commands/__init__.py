@@ -1,0 +1,1 @@
+"""The subcommands, grouped by what they are for."""

@@ -1,0 +1,368 @@
+"""Commands that build and ship: sources, patch, wheels, image, publish."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from builder import (
+    docker_client,
+    image,
+    launch,
+    manifest,
+    pipeline,
+    provenance,
+    publish,
+    registry,
+)
+from builder.cache import locked
+from builder.commands.common import add_command, context, emit
+from builder.errors import BuilderError
+
+
+def cmd_sources(args: argparse.Namespace) -> None:
+    ctx = context(args)
+    with locked(ctx.cache_dir):
+        checkouts = pipeline.sources(ctx)
+    result = {
+        "target": ctx.target.name,
+        "upstreams": {
+            name: {
+                "commit": co.commit,
+                "path": str(co.path),
+                "submodules": {s.path: {"url": s.url, "commit": s.commit} for s in co.submodules},
+            }
+            for name, co in checkouts.items()
+        },
+    }
+    lines = [f"{name}: {co.commit} at {co.path}" for name, co in checkouts.items()]
+    emit(args, result, lines)
+
+
+def _fork_json(fork) -> dict:
+    return {
+        "upstream_commit": fork.upstream_commit,
+        "fork_commit": fork.fork_commit,
+        "branch": fork.branch,
+        "path": str(fork.checkout.path),
+        "series_sha256": fork.series_sha256,
+        "patches": [{"file": p.path.name, "sha256": p.sha256} for p in fork.patches],
+    }
+
+
+def cmd_patch(args: argparse.Namespace) -> None:
+    ctx = context(args)
+    with locked(ctx.cache_dir):
+        forks = pipeline.patch(ctx)
+    result = {"target": ctx.target.name, "upstreams": {n: _fork_json(f) for n, f in forks.items()}}
+    lines = [
+        f"{name}: {fork.upstream_commit[:12]} + {len(fork.patches)} patches = "
+        f"{fork.fork_commit} ({fork.branch})"
+        for name, fork in forks.items()
+    ]
+    emit(args, result, lines)
+
+
+def cmd_wheels(args: argparse.Namespace) -> None:
+    ctx = context(args)
+    wheelhouse = Path(args.wheelhouse or Path("wheelhouse") / ctx.target.name).resolve()
+    with locked(ctx.cache_dir):
+        built = pipeline.wheels(ctx, wheelhouse)
+    result = {
+        "target": ctx.target.name,
+        "wheelhouse": str(wheelhouse),
+        "upstreams": {
+            name: {**_fork_json(fork), "wheel": wheel.to_json()}
+            for name, (fork, wheel) in built.items()
+        },
+    }
+    lines = [
+        f"{wheel.path}  sha256={wheel.sha256[:16]}…{'  (cached)' if wheel.cached else ''}"
+        for _, wheel in built.values()
+    ]
+    emit(args, result, lines)
+
+
+def cmd_image(args: argparse.Namespace) -> None:
+    ctx = context(args)
+    if ctx.only:
+        raise BuilderError("--upstream: builder image needs every upstream of the target")
+    target = ctx.target
+    options = image.ImageOptions(
+        base_image=args.base_image or target.image.base,
+        pip_index_url=args.pip_index_url or target.image.pip_index_url,
+        pip_extra_index_url=(
+            target.image.pip_extra_index_url
+            if args.pip_extra_index_url is None
+            else args.pip_extra_index_url
+        ),
+        runtime_requirements=Path(args.runtime_requirements) if args.runtime_requirements else None,
+        jit_modules=tuple(args.jit_modules.split(",")) if args.jit_modules else target.jit_modules,
+        jit_jobs=args.jit_jobs,
+        network_host=args.network_host,
+    )
+    if options.runtime_requirements and not options.runtime_requirements.is_file():
+        raise BuilderError(f"--runtime-requirements {options.runtime_requirements}: no such file")
+    provenance.refuse_credentials_in_build_args("--pip-index-url", options.pip_index_url)
+    provenance.refuse_credentials_in_build_args(
+        "--pip-extra-index-url", options.pip_extra_index_url
+    )
+    if args.push and not args.plan:
+        provenance.refuse_dirty_push(ctx.data_dir, args.allow_dirty)
+    client = docker_client.connect()
+    wheelhouse = Path(args.wheelhouse or Path("wheelhouse") / target.name).resolve()
+    with locked(ctx.cache_dir):
+        built = pipeline.wheels(ctx, wheelhouse)
+    forks = {name: fork for name, (fork, _) in built.items()}
+    wheels = {name: wheel for name, (_, wheel) in built.items()}
+    image_plan = image.plan(client, target, forks, wheels, options)
+
+    if args.plan:
+        result = {
+            "reference": image_plan.reference,
+            "inputs": image_plan.inputs_hash,
+            "stages": {
+                stage: {"key": image_plan.stage_keys[stage], "rebuild": why or None}
+                for stage, why in image_plan.rebuild.items()
+            },
+            "buildargs": image_plan.buildargs,
+        }
+        lines = [f"image {image_plan.reference}"]
+        for stage, why in image_plan.rebuild.items():
+            lines.append(f"  {stage:<10} {'rebuild: ' + why if why else 'cached'}")
+        if args.push:
+            lines.append(f"  then push to {args.push}")
+        emit(args, result, lines)
+        return
+
+    result = image.build_image(client, target, forks, wheels, options, image_plan)
+    if args.push:
+        result.pushed = registry.push(client, result.reference, args.push)
+    publish_error = None
+    try:
+        published = _publish(args, wheels)
+    except BuilderError as exc:
+        # The image and its push happened: record them, then report the failed publish.
+        published, publish_error = None, exc
+    image_record = result.to_json()
+    reference = result.pushed["reference"] if result.pushed else result.reference
+    record = manifest.build_manifest(
+        target,
+        forks,
+        wheels,
+        image={k: v for k, v in image_record.items() if k != "jit_inventory"}
+        | {"jit_inventory": result.jit_inventory},
+        image_options=image.options_record(options),
+        published=published,
+        launch=launch.all_recipes(target.file, reference),
+    )
+    written = manifest.write(
+        manifest.manifest_dir(ctx.data_dir, args.manifest_dir, target.name),
+        record,
+        image_plan.inputs_hash[:12],
+    )
+    if publish_error:
+        raise BuilderError(f"{publish_error} (image manifest written: {written})")
+    lines = [f"image {result.reference}  id={result.image_id[:19]}"]
+    if result.pushed:
+        lines.append(f"pushed {result.pushed['reference']}")
+    lines += [f"published {r['url']}" for records in (published or {}).values() for r in records]
+    lines.append(f"manifest {written}")
+    emit(
+        args,
+        {"target": target.name, "image": image_record, "manifest": str(written)},
+        lines,
+    )
+
+
+def _publish(args: argparse.Namespace, wheels: dict) -> dict[str, list[dict]]:
+    """Publish where the flags say; {wheel name: [verified records]}."""
+    published: dict[str, list[dict]] = {name: [] for name in wheels}
+    ordered = sorted(wheels.values(), key=lambda w: w.name != "flashinfer")  # deps first
+    upload_url = args.publish
+    if args.publish_repository and not upload_url:
+        upload_url = publish.pypirc_url(args.publish_repository)
+    if upload_url:
+        simple = args.publish_simple or publish.default_simple_url(upload_url)
+        for name, record in publish.publish_to_index(
+            ordered, upload_url, simple, args.publish_repository
+        ).items():
+            published[name].append(record)
+    if args.publish_static:
+        for name, record in publish.publish_static(ordered, Path(args.publish_static)).items():
+            published[name].append(record)
+    return published
+
+
+def _publish_options(command: argparse.ArgumentParser, flag: str, static_flag: str) -> None:
+    command.add_argument(
+        flag,
+        dest="publish",
+        metavar="URL",
+        help="upload the wheels to this index's upload URL (pypiserver, devpi, Artifactory); "
+        "credentials from TWINE_USERNAME/TWINE_PASSWORD, keyring or ~/.pypirc",
+    )
+    command.add_argument(
+        "--index-simple",
+        dest="publish_simple",
+        metavar="URL",
+        help="the index's simple (PEP 503/691) URL, to check and verify (default: URL/simple/)",
+    )
+    command.add_argument(
+        "--repository",
+        dest="publish_repository",
+        metavar="NAME",
+        help="a ~/.pypirc section to take the upload URL and credentials from",
+    )
+    command.add_argument(
+        static_flag,
+        dest="publish_static",
+        metavar="DIR",
+        help="write/extend a static PEP 503 index (+ PEP 691 JSON) in DIR",
+    )
+
+
+def cmd_publish(args: argparse.Namespace) -> None:
+    if not (args.publish or args.publish_static or args.publish_repository):
+        raise BuilderError("builder publish needs --index URL, --repository NAME or --static DIR")
+    ctx = context(args)
+    wheelhouse = Path(args.wheelhouse or Path("wheelhouse") / ctx.target.name).resolve()
+    with locked(ctx.cache_dir):
+        built = pipeline.wheels(ctx, wheelhouse)
+    forks = {name: fork for name, (fork, _) in built.items()}
+    wheels = {name: wheel for name, (_, wheel) in built.items()}
+    published = _publish(args, wheels)
+    record = manifest.build_manifest(ctx.target, forks, wheels, published=published)
+    tag = "publish-" + "-".join(f.fork_commit[:7] for f in forks.values())
+    written = manifest.write(
+        manifest.manifest_dir(ctx.data_dir, args.manifest_dir, ctx.target.name), record, tag
+    )
+    lines = [
+        f"{r['action']:<16} {r['url']}  sha256={r['sha256'][:16]}…"
+        for records in published.values()
+        for r in records
+    ]
+    lines.append(f"manifest {written}")
+    emit(args, {"published": published, "manifest": str(written)}, lines)
+
+
+def register(sub) -> None:
+    add_command(
+        sub,
+        "sources",
+        cmd_sources,
+        "fetch upstreams at their pinned commits",
+        "Fetch each upstream of the target into a cached bare mirror (only when the pinned commit "
+        "is missing) and check it out, submodules included, into the target's work directory. "
+        "The checked-out commit is verified against forks/<upstream>/pin.toml.\n\n"
+        "example: builder sources --target sm120 --upstream flashinfer",
+    )
+    add_command(
+        sub,
+        "patch",
+        cmd_patch,
+        "apply the target's patch series (runs sources first)",
+        "Apply forks/<upstream>/patches/<series>/*.patch in order with pygit2, one commit each on "
+        "the branch builder/<series>. Commits get a fixed committer and a time derived from the "
+        "upstream commit, so the fork SHA is the same on every machine. A patch that does not "
+        "apply is named with its file and hunk, and the work tree is left at the upstream "
+        "commit.\n\n"
+        "example: builder patch --target sm120",
+    )
+    wheels = add_command(
+        sub,
+        "wheels",
+        cmd_wheels,
+        "build the patched wheels (runs sources and patch first)",
+        "Build each fork's wheel with `build` as <version>+<target>.g<fork sha7>, verify it "
+        "(METADATA version, patched lines, required files such as cutlass headers), cache it by "
+        "its inputs and copy it to the wheelhouse. Unchanged inputs are a cache hit.\n\n"
+        "example: builder wheels --target sm120 --wheelhouse ./wheelhouse",
+    )
+    wheels.add_argument(
+        "--wheelhouse", help="where the wheels are copied (default: ./wheelhouse/<target>)"
+    )
+    image_cmd = add_command(
+        sub,
+        "image",
+        cmd_image,
+        "build the server image with pre-compiled FlashInfer kernels (runs wheels first)",
+        "Build the target's image with the Docker SDK: runtime dependencies, the patched "
+        "flashinfer wheel with its JIT modules compiled for the target arch (no GPU needed), "
+        "then the patched sglang wheel. The tag says what is inside and ends in a hash of all "
+        "inputs; an image whose inputs are unchanged is not rebuilt. Labels record upstream and "
+        "fork commits, patch series and wheel hashes.\n\n"
+        "examples:\n"
+        "  builder image --target sm120 --plan\n"
+        "  builder image --target sm120 --push registry.example.com/ml/sglang-sm120\n"
+        "  builder image --base-image my-cuda:12.8 --pip-index-url https://pypi.internal/simple",
+    )
+    image_cmd.add_argument(
+        "--wheelhouse", help="where the wheels are copied (default: ./wheelhouse/<target>)"
+    )
+    image_cmd.add_argument("--base-image", metavar="REF", help="base image (default: the target's)")
+    image_cmd.add_argument(
+        "--push", metavar="REGISTRY/REPO", help="push the image there and print its digest"
+    )
+    image_cmd.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="push even with uncommitted changes under images/ or forks/",
+    )
+    image_cmd.add_argument(
+        "--plan", action="store_true", help="print what would be built and why; build nothing"
+    )
+    image_cmd.add_argument("--pip-index-url", metavar="URL", help="package index for the build")
+    image_cmd.add_argument(
+        "--pip-extra-index-url",
+        metavar="URL",
+        help="extra index (default: the target's torch index)",
+    )
+    image_cmd.add_argument(
+        "--runtime-requirements",
+        metavar="FILE",
+        help="install exactly these runtime requirements instead of the derived list "
+        "(recorded in the image's inputs)",
+    )
+    image_cmd.add_argument(
+        "--jit-modules",
+        metavar="A,B",
+        help="comma-separated FlashInfer generators to pre-compile (default: the target's list)",
+    )
+    image_cmd.add_argument(
+        "--jit-jobs",
+        type=int,
+        default=0,
+        help="parallel compile jobs (default 0: from cores and memory)",
+    )
+    _publish_options(image_cmd, "--publish", "--publish-static")
+    image_cmd.add_argument(
+        "--manifest-dir",
+        metavar="DIR",
+        help="where manifests go (default: manifests/ of the data directory), one per build",
+    )
+    image_cmd.add_argument(
+        "--network-host",
+        action="store_true",
+        help="build with host networking (to reach an index or proxy on the host's loopback)",
+    )
+
+    publish_cmd = add_command(
+        sub,
+        "publish",
+        cmd_publish,
+        "publish the patched wheels to a private index (runs wheels first)",
+        "Upload the wheels to a package index with twine, or write them into a static PEP 503 "
+        "index. A file already on the index with the same sha256 is skipped; the same name "
+        "with another sha256 is refused. Each wheel is resolved back from the index and its "
+        "sha256 compared before it is recorded as published in the manifest.\n\n"
+        "examples:\n"
+        "  TWINE_USERNAME=ci TWINE_PASSWORD=... builder publish --index https://pypi.internal/\n"
+        "  builder publish --static /srv/www/wheels   # then pip install --index-url "
+        "https://host/wheels/simple/ sglang==0.5.9",
+    )
+    publish_cmd.add_argument(
+        "--wheelhouse", help="where the wheels are copied (default: ./wheelhouse/<target>)"
+    )
+    _publish_options(publish_cmd, "--index", "--static")
+    publish_cmd.add_argument("--manifest-dir", metavar="DIR", help="where manifests go")

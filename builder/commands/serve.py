@@ -1,0 +1,307 @@
+"""Commands for the GPU VM: launch, deploy-files, wait-ready, doctor."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from docker.errors import ImageNotFound, NotFound
+
+from builder import docker_client, doctor, launch, manifest, progress, readiness
+from builder.cache import atomic_write_text
+from builder.commands.common import DEFAULT_TARGET, add_command, emit
+from builder.errors import BuilderError
+from builder.settings import resolve_data_dir
+from builder.target import load_target
+
+
+def _recipe(args: argparse.Namespace):
+    data_dir = resolve_data_dir(args.data_dir)
+    target = load_target(data_dir, args.target)
+    directory = manifest.manifest_dir(data_dir, args.manifest_dir, target.name)
+    path = Path(args.manifest) if args.manifest else manifest.latest_with_image(directory)
+    record = manifest.load(path)
+    params = []
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BuilderError(f"--set {item}: expected KEY=VALUE")
+        params.append((key, value))
+    overrides = launch.Overrides(
+        model=args.model,
+        port=args.port,
+        params=tuple(params),
+        extra_args=tuple(args.extra_arg),
+        hf_cache=args.hf_cache,
+        container_name=args.name,
+    )
+    recipe = launch.resolve(target.file, args.profile, manifest.image_reference(record), overrides)
+    if recipe.experimental:
+        progress.warn(f"profile {recipe.profile} is EXPERIMENTAL: {recipe.warning}")
+    if not (record.get("image") or {}).get("pushed"):
+        progress.warn(
+            f"{path.name}: the image was not pushed; {recipe.image} exists only on the build host"
+        )
+    return target, recipe, path
+
+
+def cmd_launch(args: argparse.Namespace) -> None:
+    _, recipe, path = _recipe(args)
+    if not args.run:
+        emit(args, {**recipe.to_json(), "manifest": str(path)}, [recipe.shell()])
+        return
+    client = docker_client.connect()
+    try:
+        client.containers.get(recipe.container_name)
+    except NotFound:
+        pass
+    else:
+        raise BuilderError(
+            f"a container named {recipe.container_name} exists: stop it gracefully with "
+            f"`docker stop {recipe.container_name} && docker rm {recipe.container_name}`, "
+            "or pass --name"
+        )
+    # The very command `launch` prints, so what runs is what the manifest records.
+    command = [os.path.expandvars(part) for part in recipe.docker_run()]
+    started = subprocess.run(command, capture_output=True, text=True)
+    if started.returncode:
+        raise BuilderError(f"docker run failed: {started.stderr.strip().splitlines()[-1]}")
+    progress.info(f"started {recipe.container_name}; waiting for it to be ready")
+    _wait(args, recipe.url, recipe.container_name, recipe.expect, recipe.ready_deadline_minutes)
+
+
+def cmd_deploy_files(args: argparse.Namespace) -> None:
+    _, recipe, path = _recipe(args)
+    out = Path(args.out).resolve()
+    compose = out / "compose.yaml"
+    unit = out / f"sglang-{recipe.profile}.service"
+    atomic_write_text(compose, launch.compose_file(recipe))
+    atomic_write_text(unit, launch.systemd_unit(recipe, str(out)))
+    result = {"compose": str(compose), "systemd_unit": str(unit), "manifest": str(path)}
+    lines = [
+        f"wrote {compose}",
+        f"wrote {unit}",
+        f"on the VM: cp {unit.name} /etc/systemd/system/ && systemctl daemon-reload && "
+        f"systemctl enable --now {unit.stem}",
+        f"then: builder wait-ready {recipe.url} --container {recipe.container_name}",
+    ]
+    emit(args, result, lines)
+
+
+def _wait(args, url: str, container: str | None, expect: dict, deadline_minutes: float) -> None:
+    client = None
+    if container:
+        client = docker_client.connect()
+        try:
+            client.containers.get(container)
+        except NotFound:
+            raise BuilderError(f"--container {container}: no such container") from None
+    verdict = readiness.wait_ready(
+        url,
+        deadline_s=deadline_minutes * 60,
+        expect=expect,
+        container=container,
+        docker_client=client,
+        poll_s=args.poll,
+    )
+    if args.json:
+        print(json.dumps(verdict.to_json(), indent=2, sort_keys=True))
+    else:
+        print(f"{verdict.state}: {verdict.message}")
+        if verdict.log_tail:
+            print("last log lines:\n" + verdict.log_tail.rstrip())
+    if verdict.exit_code:
+        raise SystemExit(verdict.exit_code)
+
+
+def cmd_wait_ready(args: argparse.Namespace) -> None:
+    expect: dict = {}
+    deadline = args.deadline
+    if args.profile:
+        data_dir = resolve_data_dir(args.data_dir)
+        target = load_target(data_dir, args.target)
+        recipe = launch.resolve(target.file, args.profile, "-", launch.Overrides())
+        expect = dict(recipe.expect)
+        deadline = deadline or recipe.ready_deadline_minutes
+    for item in args.expect:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise BuilderError(f"--expect {item}: expected KEY=VALUE")
+        expect[key] = value
+    _wait(args, args.url, args.container, expect, deadline or 20)
+
+
+def cmd_doctor(args: argparse.Namespace) -> None:
+    data_dir = resolve_data_dir(args.data_dir)
+    target = load_target(data_dir, args.target)
+    recipe = launch.resolve(target.file, args.profile, args.image or "-", launch.Overrides())
+    profiles, _ = launch.load_profiles(target.file)
+    profile = profiles[recipe.profile]
+    tp = _tp_size(recipe.args)
+    compute_cap = target.arch_list[0].rstrip("af")
+
+    gpu_text = doctor.run_command(doctor.GPU_QUERY)
+    findings = []
+    if gpu_text is None:
+        findings.append(
+            doctor.Finding(
+                "gpus",
+                False,
+                "nvidia-smi not found or failed",
+                "install the NVIDIA driver in the VM (and pass the GPUs through)",
+            )
+        )
+    else:
+        gpus = doctor.parse_gpus(gpu_text)
+        memory = float(profile.get("min_gpu_memory_gib", 0))
+        findings += doctor.check_gpus(gpus, compute_cap, tp, memory)
+        findings.append(doctor.check_driver(gpus, target.cuda_version))
+        topo = doctor.run_command(["nvidia-smi", "topo", "-m"])
+        if topo:
+            findings.append(doctor.check_topology(doctor.parse_topology(topo)))
+    findings.append(doctor.check_shm(doctor.shm_free_bytes()))
+    info = None
+    client = None
+    try:
+        client = docker_client.connect()
+        info = client.info()
+    except BuilderError:
+        pass
+    findings.append(doctor.check_runtime(info))
+    if args.image and client is not None:
+        present = True
+        try:
+            client.images.get(args.image)
+        except ImageNotFound:
+            present = False
+        findings.append(doctor.check_image(args.image, present))
+
+    failed = [f for f in findings if not f.ok]
+    if args.json:
+        print(json.dumps([f.to_json() for f in findings], indent=2))
+    else:
+        for finding in findings:
+            mark = "ok  " if finding.ok else "FAIL"
+            print(f"{mark} {finding.check}: {finding.detail}")
+            if finding.fix and (not finding.ok or args.verbose):
+                print(f"     fix: {finding.fix}")
+    if failed:
+        raise SystemExit(1)
+
+
+def _tp_size(args: tuple[str, ...]) -> int:
+    for flag in ("--tp", "--tp-size", "--tensor-parallel-size"):
+        if flag in args:
+            return int(args[args.index(flag) + 1])
+    return 1
+
+
+def register(sub) -> None:
+    def launch_options(command: argparse.ArgumentParser) -> None:
+        command.add_argument("--profile", help="launch profile (default: the target's default)")
+        command.add_argument("--manifest", help="manifest to take the image from (default: latest)")
+        command.add_argument("--manifest-dir", metavar="DIR", help="where manifests are")
+        command.add_argument("--model", help="HF model id, or a local weights directory to mount")
+        command.add_argument("--port", type=int, help="server port (default: the profile's)")
+        command.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a profile param, e.g. --set kv_cache_dtype=bf16",
+        )
+        command.add_argument(
+            "--extra-arg",
+            action="append",
+            default=[],
+            metavar="ARG",
+            help="append an argument to the sglang command line (repeatable)",
+        )
+        command.add_argument(
+            "--hf-cache",
+            default="$HOME/.cache/huggingface",
+            help="host directory for the Hugging Face cache (default: $HOME/.cache/huggingface)",
+        )
+        command.add_argument("--name", help="container name (default: the profile's)")
+
+    launch_cmd = add_command(
+        sub,
+        "launch",
+        cmd_launch,
+        "print (or --run) the exact docker run for a launch profile",
+        "Print the docker run that starts the server on a GPU VM: image by digest from the "
+        "manifest, --gpus all, --ipc=host, shm size, model cache volume, port, environment and "
+        "the sglang command line of the profile. With --run, start it and wait until it is "
+        "ready (see wait-ready).\n\n"
+        "examples:\n"
+        "  builder launch --target sm120\n"
+        "  builder launch --model /data/GLM-5-NVFP4 --set kv_cache_dtype=bf16\n"
+        "  builder launch --profile glm5-nvfp4-tp8-fusion   # experimental, prints a warning",
+    )
+    launch_options(launch_cmd)
+    launch_cmd.add_argument("--run", action="store_true", help="start it here and wait-ready")
+    launch_cmd.add_argument("--poll", type=float, default=5.0, help=argparse.SUPPRESS)
+
+    deploy = add_command(
+        sub,
+        "deploy-files",
+        cmd_deploy_files,
+        "write a compose file and a systemd unit for the GPU VM",
+        "Write compose.yaml (GPU reservation, host IPC, healthcheck with a start period that "
+        "allows slow starts, no restart loop) and a systemd unit that runs it, for a launch "
+        "profile and the image of a manifest.\n\n"
+        "example: builder deploy-files --target sm120 --out deploy/",
+    )
+    launch_options(deploy)
+    deploy.add_argument("--out", default="deploy", help="output directory (default: ./deploy)")
+
+    wait = sub.add_parser(
+        "wait-ready",
+        help="wait until a server is ready; tell 'still loading' from 'crashed'",
+        description="Wait in stages: port open, /health 200 (503 = still starting), "
+        "/health_generate 200 (a real generation), /server_info shows the expected backends. "
+        "With --container, a crash is the container exiting or restarting (exit code and log "
+        "tail shown). Exit codes: 0 ready, 2 crashed, 3 deadline passed (still loading), "
+        "4 up but with other backends than expected.\n\n"
+        "example: builder wait-ready http://127.0.0.1:30000 --container sglang-glm5 "
+        "--profile glm5-nvfp4-tp8",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    wait.add_argument("url", help="server base URL, e.g. http://127.0.0.1:30000")
+    wait.add_argument("--container", help="container name or id to watch for crashes")
+    wait.add_argument("--deadline", type=float, help="minutes to wait (default: profile's, or 20)")
+    wait.add_argument("--profile", help="take the expected backends and deadline from a profile")
+    wait.add_argument(
+        "--expect",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="/server_info must report this (repeatable)",
+    )
+    wait.add_argument("--target", default=DEFAULT_TARGET)
+    wait.add_argument("--data-dir")
+    wait.add_argument("--poll", type=float, default=2.0, help="seconds between checks")
+    wait.add_argument("--json", action="store_true")
+    wait.add_argument("--debug", action="store_true")
+    wait.set_defaults(func=cmd_wait_ready)
+
+    doctor_cmd = sub.add_parser(
+        "doctor",
+        help="check a GPU VM: driver, GPUs, memory, runtime, shm, topology, image",
+        description="Check that this machine can run the target's image with a launch profile: "
+        "NVIDIA driver new enough for the target's CUDA, GPU count and compute capability, "
+        "memory per GPU, NVIDIA container runtime, /dev/shm, GPU topology (P2P over PCIe or "
+        "NVLink) and, with --image, that the image is present. Each failing check says how "
+        "to fix it; exit code 1 if any fails.",
+    )
+    doctor_cmd.add_argument("--target", default=DEFAULT_TARGET)
+    doctor_cmd.add_argument("--profile")
+    doctor_cmd.add_argument("--image", help="image reference that should be present")
+    doctor_cmd.add_argument("--data-dir")
+    doctor_cmd.add_argument("--verbose", action="store_true", help="show hints for passing checks")
+    doctor_cmd.add_argument("--json", action="store_true")
+    doctor_cmd.add_argument("--debug", action="store_true")
+    doctor_cmd.set_defaults(func=cmd_doctor)
