@@ -17,7 +17,7 @@ import tempfile
 import time
 import zipfile
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -82,7 +82,6 @@ class ImageResult:
     base_image_id: str
     base_image_digest: str | None
     pushed: dict | None = None
-    steps: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -324,10 +323,11 @@ def _make_context(
         shutil.copy2(wheel.path, directory / "wheels" / name / wheel.filename)
 
 
-def _stream_build(client: docker.DockerClient, context: Path, image_plan: ImagePlan, options):
+def _stream_build(
+    client: docker.DockerClient, context: Path, image_plan: ImagePlan, options: ImageOptions
+) -> str:
     """Run the build, showing step n/N; the SDK does not raise on a failed step, so we do."""
     recent: deque[str] = deque(maxlen=20)
-    steps: list[str] = []
     image_id = None
     current = ("0", "?", "")
     with progress.task("docker build", total=None) as bar:
@@ -352,7 +352,6 @@ def _stream_build(client: docker.DockerClient, context: Path, image_plan: ImageP
                     match = _STEP.match(line)
                     if match:
                         current = match.groups()
-                        steps.append(current[2])
                         bar.update(
                             task_id,
                             total=int(current[1]),
@@ -372,7 +371,7 @@ def _stream_build(client: docker.DockerClient, context: Path, image_plan: ImageP
         bar.update(task_id, completed=int(current[1]) if current[1].isdigit() else 1)
     if image_id is None:
         raise BuilderError("image build ended without an image id (see the output above)")
-    return image_id, steps
+    return image_id
 
 
 def read_file_from_image(client: docker.DockerClient, reference: str, path: str) -> bytes:
@@ -401,7 +400,6 @@ def build_image(
     image_plan: ImagePlan,
 ) -> ImageResult:
     base_id, base_digest = _base_identity(client, options.base_image)
-    steps: list[str] = []
     if image_plan.exists:
         progress.info(
             f"[green]✓[/] image {image_plan.reference} is up to date "
@@ -413,7 +411,7 @@ def build_image(
         with tempfile.TemporaryDirectory(prefix="builder-context-") as tmp:
             _make_context(target, wheels, image_plan.requirements, Path(tmp))
             started = time.monotonic()
-            _, steps = _stream_build(client, Path(tmp), built_plan, options)
+            _stream_build(client, Path(tmp), built_plan, options)
             progress.info(f"image built in {time.monotonic() - started:.0f} s")
         _check_labels(client, image_plan.reference, image_plan.labels)
     image = client.images.get(image_plan.reference)
@@ -427,7 +425,6 @@ def build_image(
         base_image=options.base_image,
         base_image_id=base_id,
         base_image_digest=base_digest,
-        steps=steps,
     )
 
 

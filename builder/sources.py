@@ -48,10 +48,9 @@ class Checkout:
 
 
 class _FetchProgress(pygit2.RemoteCallbacks):
-    def __init__(self, bar, url: str) -> None:
+    def __init__(self, bar) -> None:
         super().__init__()
         self._bar = bar
-        self._url = url
 
     def transfer_progress(self, stats: pygit2.remotes.TransferProgress) -> None:
         task_id = self._bar.task_ids[0]
@@ -94,7 +93,7 @@ def _has_commit(repo: pygit2.Repository, commit: str) -> bool:
 def _fetch(repo: pygit2.Repository, url: str, refspecs: list[str], shallow: bool, what: str):
     remote = repo.remotes.create_anonymous(url)
     with progress.task(f"fetch {url}") as bar:
-        callbacks = _FetchProgress(bar, url)
+        callbacks = _FetchProgress(bar)
         try:
             if shallow:
                 try:

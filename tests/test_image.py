@@ -17,6 +17,10 @@ from tests.conftest import REGISTRY_PASSWORD, REGISTRY_USER, Builder, Upstreams,
 
 pytestmark = pytest.mark.docker
 
+REGISTRY_ENV = {
+    "BUILDER_REGISTRY_USERNAME": REGISTRY_USER,
+    "BUILDER_REGISTRY_PASSWORD": REGISTRY_PASSWORD,
+}
 WARM_MODULES = (
     "flashinfer.jit.norm:gen_norm_module,"
     "flashinfer.jit.fp4_quantization:gen_fp4_quantization_sm120_module"
@@ -158,12 +162,8 @@ def test_push_with_auth_then_pull_by_digest(
 ) -> None:
     builder, image, _ = built
     repository = f"{registry}/ml/sglang-sm120"
-    env = {
-        "BUILDER_REGISTRY_USERNAME": REGISTRY_USER,
-        "BUILDER_REGISTRY_PASSWORD": REGISTRY_PASSWORD,
-    }
     args = image_args(test_base, runtime_index, "--push", repository, "--json")
-    result = builder.run(*args, env=env)
+    result = builder.run(*args, env=REGISTRY_ENV)
     assert REGISTRY_PASSWORD not in result.stdout + result.stderr
     pushed = json.loads(result.stdout)["image"]["pushed"]
     assert pushed["digest"].startswith("sha256:")
@@ -274,12 +274,8 @@ def test_pushed_manifest_has_the_registry_digest_and_no_secret(
 ) -> None:
     builder, _, _ = built
     repository = f"{registry}/ml/manifested"
-    env = {
-        "BUILDER_REGISTRY_USERNAME": REGISTRY_USER,
-        "BUILDER_REGISTRY_PASSWORD": REGISTRY_PASSWORD,
-    }
     args = image_args(test_base, runtime_index, "--push", repository, "--json")
-    result = json.loads(builder.run(*args, env=env).stdout)
+    result = json.loads(builder.run(*args, env=REGISTRY_ENV).stdout)
     manifest = json.loads(Path(result["manifest"]).read_text())
     _validate(manifest)
     digest = docker_client.images.get_registry_data(

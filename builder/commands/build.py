@@ -150,8 +150,7 @@ def cmd_image(args: argparse.Namespace) -> None:
         target,
         forks,
         wheels,
-        image={k: v for k, v in image_record.items() if k != "jit_inventory"}
-        | {"jit_inventory": result.jit_inventory},
+        image=image_record,
         image_options=image.options_record(options),
         published=published,
         launch=launch.all_recipes(target.file, reference),
@@ -178,7 +177,7 @@ def cmd_image(args: argparse.Namespace) -> None:
 def _publish(args: argparse.Namespace, wheels: dict) -> dict[str, list[dict]]:
     """Publish where the flags say; {wheel name: [verified records]}."""
     published: dict[str, list[dict]] = {name: [] for name in wheels}
-    ordered = sorted(wheels.values(), key=lambda w: w.name != "flashinfer")  # deps first
+    ordered = list(wheels.values())
     upload_url = args.publish
     if args.publish_repository and not upload_url:
         upload_url = publish.pypirc_url(args.publish_repository)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from builder import pipeline, series
 from builder.cache import locked
-from builder.commands.common import EPILOG, add_common, context, emit
+from builder.commands.common import add_command, context, emit
 from builder.errors import BuilderError
 from builder.patches import parse_patch_file
 from builder.settings import resolve_data_dir
@@ -117,19 +117,11 @@ def register(sub) -> None:
     )
 
     def add_patches(name: str, func: Callable, help_text: str, description: str, onto: bool):
-        command = patches_sub.add_parser(
-            name,
-            help=help_text,
-            description=description,
-            epilog=EPILOG,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        add_common(command)
+        command = add_command(patches_sub, name, func, help_text, description)
         if onto:
             command.add_argument(
                 "--onto", required=True, metavar="REF", help="upstream tag, branch or commit"
             )
-        command.set_defaults(func=func)
 
     add_patches(
         "list",
