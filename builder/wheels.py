@@ -118,6 +118,19 @@ def _added_lines(patch: PatchFile) -> dict[str, list[str]]:
     return added
 
 
+def _check_compiles(wheel: Path, patch: PatchFile, archive: zipfile.ZipFile, members) -> None:
+    """A patched Python file that does not even compile must not ship."""
+    for member in members:
+        if member.endswith(".py"):
+            try:
+                compile(archive.read(member), member, "exec")
+            except SyntaxError as exc:
+                raise BuilderError(
+                    f"{wheel.name}: {member} does not compile after {patch.path.name} "
+                    f"(line {exc.lineno}: {exc.msg})"
+                ) from None
+
+
 def _members_for(path: str, names: list[str]) -> list[str]:
     """Wheel members that hold the git file `path` (shipped under another prefix, maybe)."""
     return [
@@ -167,6 +180,7 @@ def verify_wheel(wheel: Path, fork: Fork, version: str, patches: tuple[PatchFile
                     continue
                 shipped += 1
                 content = "\n".join(archive.read(m).decode(errors="replace") for m in members)
+                _check_compiles(wheel, patch, archive, members)
                 missing = [line for line in lines if line not in content]
                 if missing:
                     raise BuilderError(

@@ -155,3 +155,13 @@ def test_checkout_without_submodules_fails_the_wheel_check(
     assert "submodules" in line
     assert not list(builder.wheelhouse.glob("*.whl"))
     assert not list((builder.cache_dir / "wheels").glob("*/wheel.json"))
+
+
+def test_patch_that_breaks_python_syntax_never_reaches_the_wheelhouse(builder: Builder) -> None:
+    patch = _series(builder, "sglang")[0]
+    text = patch.read_text()
+    assert "+    is_sm120_supported,\n" in text
+    patch.write_text(text.replace("+    is_sm120_supported,\n", "+    is_sm120_supported,,\n", 1))
+    line = _error_line(builder.run("wheels", "--upstream", "sglang", check=False))
+    assert "sglang/srt/layers/communicator.py does not compile after 0001-" in line
+    assert not builder.wheelhouse.exists() or not list(builder.wheelhouse.glob("*.whl"))
