@@ -196,14 +196,17 @@ def prepare(
     return repo, onto_commit, full_ref
 
 
-def check(cache_dir, target, fork: Fork, series: str, mirrors, onto: str) -> SeriesCheck:
+def check(
+    cache_dir: Path, target: str, fork: Fork, series: str, mirrors: Mirrors, onto: str
+) -> SeriesCheck:
     repo, onto_commit, _ = prepare(cache_dir, target, fork, mirrors, onto)
     patches = [parse_patch_file(p) for p in fork.patch_files(series)]
     return classify(repo, fork.name, fork.commit, onto, onto_commit, patches)
 
 
-def _commit(repo, parent: str, tree, patch_author: tuple[str, str], message: str, number: int):
-    when = repo.get(parent).commit_time + 1 if number else repo.get(parent).commit_time
+def _commit(repo, parent: str, tree, patch_author: tuple[str, str], message: str) -> str:
+    """A commit one second after its parent: deterministic, like the patch stage's."""
+    when = repo.get(parent).commit_time + 1
     author = pygit2.Signature(patch_author[0], patch_author[1], when, 0)
     committer = pygit2.Signature(COMMITTER_NAME, COMMITTER_EMAIL, when, 0)
     return str(repo.create_commit(None, author, committer, message, tree, [repo.get(parent).id]))
@@ -213,7 +216,9 @@ def _state_path(repo: pygit2.Repository) -> Path:
     return Path(repo.path) / STATE_FILE
 
 
-def refresh(cache_dir, target, fork: Fork, series: str, mirrors, onto: str):
+def refresh(
+    cache_dir: Path, target: str, fork: Fork, series: str, mirrors: Mirrors, onto: str
+) -> tuple[SeriesCheck, dict | None]:
     """Rebase the series onto REF; rewrite forks/ only if every patch made it."""
     repo, onto_commit, full_ref = prepare(cache_dir, target, fork, mirrors, onto)
     patches = [parse_patch_file(p) for p in fork.patch_files(series)]
@@ -228,9 +233,7 @@ def refresh(cache_dir, target, fork: Fork, series: str, mirrors, onto: str):
             ancestor, theirs = result.pinned_trees[index], result.pinned_trees[index + 1]
             _stop_at_conflict(repo, head, ancestor, theirs, patch, state)
             return result, None
-        head = _commit(
-            repo, head, tree, (patch.author_name, patch.author_email), patch.message, index + 1
-        )
+        head = _commit(repo, head, tree, (patch.author_name, patch.author_email), patch.message)
     _checkout(repo, head)
     written = _write_series(repo, fork, series, full_ref, onto_commit, head)
     _state_path(repo).unlink(missing_ok=True)
@@ -314,7 +317,7 @@ def _write_series(repo, fork: Fork, series: str, ref: str, onto_commit: str, hea
     return {"patches": names, "pin": {"commit": onto_commit, "ref": ref, "version": version}}
 
 
-def export(cache_dir, target, fork: Fork, series: str, mirrors) -> dict:
+def export(cache_dir: Path, target: str, fork: Fork, series: str) -> dict:
     """Finish a refresh after the user resolved a conflict, or re-export the fork branch.
 
     In a refresh work directory with a pending patch: the user's edit becomes that patch's
@@ -347,20 +350,18 @@ def export(cache_dir, target, fork: Fork, series: str, mirrors) -> dict:
     repo.index.add_all()
     tree = repo.index.write_tree()
     head = _commit(
-        repo, state["head"], tree, (patch.author_name, patch.author_email), patch.message, 1
+        repo, state["head"], tree, (patch.author_name, patch.author_email), patch.message
     )
     remaining = [parse_patch_file(p) for p in fork.patch_files(series)]
     after = [p for p in remaining if p.path.name > Path(state["pending"]).name]
-    for number, later in enumerate(after, 2):
+    for later in after:
         try:
             tree = _apply_exact(repo, repo.get(head).tree.id, later.diff_text)
         except pygit2.GitError as exc:
             raise BuilderError(
                 f"{later.path}: does not apply after your fix ({exc}); run refresh again"
             ) from None
-        head = _commit(
-            repo, head, tree, (later.author_name, later.author_email), later.message, number
-        )
+        head = _commit(repo, head, tree, (later.author_name, later.author_email), later.message)
     _checkout(repo, head)
     written = _write_series(repo, fork, series, state["onto"], state["onto_commit"], head)
     state_file.unlink()

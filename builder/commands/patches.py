@@ -98,7 +98,7 @@ def cmd_patches_export(args: argparse.Namespace) -> None:
         raise BuilderError("builder patches export works on one upstream: pass --upstream NAME")
     ((name, use),) = ctx.selected().items()
     with locked(ctx.cache_dir):
-        written = series.export(ctx.cache_dir, ctx.target.name, use.fork, use.series, ctx.mirrors)
+        written = series.export(ctx.cache_dir, ctx.target.name, use.fork, use.series)
     lines = [f"{name}: wrote {n}" for n in written["patches"]] + [f"  pin: {written['pin']}"]
     emit(args, written, lines)
 
