@@ -156,3 +156,32 @@ def test_two_builds_at_once_share_the_cache_safely(builder: Builder) -> None:
     forks = [json.loads(out)["upstreams"]["flashinfer"]["fork_commit"] for out, _ in outputs]
     assert forks[0] == forks[1]
     assert any("waiting for another builder run" in err for _, err in outputs)
+
+
+def test_image_runtime_requirements_come_from_target_pins_and_wheel_metadata(
+    first: tuple[Builder, dict],
+) -> None:
+    from types import SimpleNamespace
+
+    from builder.image import runtime_requirements
+    from builder.target import load_target
+
+    builder, result = first
+    target = load_target(builder.data_dir, "sm120")
+    wheels = {
+        name: SimpleNamespace(dist_name=u["wheel"]["dist_name"], path=Path(u["wheel"]["path"]))
+        for name, u in result["upstreams"].items()
+    }
+    lines = [
+        line
+        for line in runtime_requirements(target, wheels).splitlines()
+        if not line.startswith("#")
+    ]
+    assert {"torch==2.9.1", "sgl-kernel==0.3.21", "flashinfer-cubin==0.6.3"} <= set(lines)
+    assert "transformers==4.57.1" in lines  # sglang 0.5.9's own pin, from its METADATA
+    assert any(line.startswith("apache-tvm-ffi") for line in lines)  # flashinfer's
+    names = [line.split("=")[0].split("<")[0].split(">")[0].split(";")[0].lower() for line in lines]
+    assert not {"sglang", "flashinfer-python", "flashinfer_python", "flashinfer-jit-cache"} & set(
+        names
+    )
+    assert len(names) == len(set(names)), "one line per distribution"
