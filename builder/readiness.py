@@ -22,6 +22,9 @@ from builder import progress
 
 STAGES = ("port", "/health", "/health_generate", "/server_info")
 EXIT_CODES = {"ready": 0, "crashed": 2, "timeout": 3, "mismatch": 4}
+# Endpoints that answer 503 until the server is there: (timeout s, what a 503 means).
+# /health_generate runs a real one-token generation, hence its long timeout.
+_PROBES = {"/health": (10, "still loading"), "/health_generate": (120, "warming up")}
 
 
 @dataclass
@@ -136,18 +139,14 @@ def wait_ready(
                     stage, detail = 1, "port open"
                 else:
                     detail = "port closed (starting)"
-            elif STAGES[stage] == "/health":
-                status, _ = _get(f"{url}/health", timeout=10)
+            elif STAGES[stage] in _PROBES:
+                timeout, waiting = _PROBES[STAGES[stage]]
+                status, _ = _get(f"{url}{STAGES[stage]}", timeout=timeout)
                 if status == 200:
-                    stage, detail = 2, "/health 200"
+                    detail = f"{STAGES[stage]} 200"
+                    stage += 1
                 else:
-                    detail = f"/health {status or 'no answer'} (still loading)"
-            elif STAGES[stage] == "/health_generate":
-                status, _ = _get(f"{url}/health_generate", timeout=120)
-                if status == 200:
-                    stage, detail = 3, "/health_generate 200"
-                else:
-                    detail = f"/health_generate {status or 'no answer'} (warming up)"
+                    detail = f"{STAGES[stage]} {status or 'no answer'} ({waiting})"
             else:
                 status, body = _get(f"{url}/server_info", timeout=30)
                 if status == 200:

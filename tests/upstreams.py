@@ -55,7 +55,6 @@ class Snapshot:
     name: str
     dist: str
     version: str
-    tag: str
     sdist_root_in_git: str  # "" or "python"
     generated_files: tuple[str, ...]
     submodules: tuple[tuple[str, str, str], ...] = ()  # (path, owner, name)
@@ -66,7 +65,6 @@ SGLANG = Snapshot(
     name="sglang",
     dist="sglang",
     version="0.5.9",
-    tag="v0.5.9",
     sdist_root_in_git="python",
     generated_files=("sglang/_version.py",),
 )
@@ -75,7 +73,6 @@ FLASHINFER = Snapshot(
     name="flashinfer",
     dist="flashinfer-python",
     version="0.6.3",
-    tag="v0.6.3",
     sdist_root_in_git="",
     generated_files=("flashinfer/_build_meta.py",),
     submodules=(
