@@ -286,3 +286,18 @@ def test_pushed_manifest_has_the_registry_digest_and_no_secret(
     assert manifest["launch"]["glm5-nvfp4-tp8"]["image"] == f"{repository}@{digest}"
     for path in builder.data_dir.joinpath("manifests").rglob("*.json"):
         assert REGISTRY_PASSWORD not in path.read_text()
+
+
+def test_unreachable_registry_is_a_clear_error_and_leaves_no_tag(
+    built, docker_client, test_base, runtime_index
+) -> None:
+    builder, _, _ = built
+    repository = "127.0.0.1:1/ml/nowhere"
+    args = image_args(test_base, runtime_index, "--push", repository)
+    result = builder.run(*args, env=REGISTRY_ENV, check=False)
+    assert result.returncode == 1
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+    assert line.startswith(f"error: push to {repository} failed:")
+    assert "connection refused" in line.lower()
+    tags = [t for i in docker_client.images.list() for t in i.tags]
+    assert not [t for t in tags if t.startswith(repository)]
