@@ -65,6 +65,8 @@ class ImagePlan:
     requirements: str
     rebuild: dict[str, str]  # stage -> why it rebuilds ("" = cached)
     exists: bool
+    base_id: str
+    base_digest: str | None
 
     @property
     def reference(self) -> str:
@@ -187,7 +189,7 @@ def plan(
     options: ImageOptions,
 ) -> ImagePlan:
     """Every input hashed: the tag, the per-stage keys and what would rebuild."""
-    base_id, _ = _base_identity(client, options.base_image)
+    base_id, base_digest = _base_identity(client, options.base_image)
     requirements = (
         options.runtime_requirements.read_text()
         if options.runtime_requirements
@@ -258,6 +260,8 @@ def plan(
         requirements=requirements,
         rebuild=rebuild,
         exists=exists,
+        base_id=base_id,
+        base_digest=base_digest,
     )
 
 
@@ -399,7 +403,6 @@ def build_image(
     options: ImageOptions,
     image_plan: ImagePlan,
 ) -> ImageResult:
-    base_id, base_digest = _base_identity(client, options.base_image)
     if image_plan.exists:
         progress.info(
             f"[green]✓[/] image {image_plan.reference} is up to date "
@@ -423,8 +426,8 @@ def build_image(
         labels=image.labels or {},
         jit_inventory=inventory,
         base_image=options.base_image,
-        base_image_id=base_id,
-        base_image_digest=base_digest,
+        base_image_id=image_plan.base_id,
+        base_image_digest=image_plan.base_digest,
     )
 
 
