@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import re
 import shlex
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from builder.errors import BuilderError
+from builder.target import load_toml
 
 CONTAINER_MODEL_DIR = "/models"
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
@@ -109,12 +109,7 @@ def profiles_file(target_file: Path) -> Path:
 
 def load_profiles(target_file: Path) -> tuple[dict[str, dict], str]:
     path = profiles_file(target_file)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise BuilderError(f"{path}: no launch profiles for this target") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise BuilderError(f"{path}: not valid TOML ({exc})") from None
+    data = load_toml(path)
     profiles = data.get("profiles")
     if not isinstance(profiles, dict) or not profiles:
         raise BuilderError(f"{path}: field 'profiles' must hold at least one profile")

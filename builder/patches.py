@@ -52,8 +52,6 @@ class PatchFile:
 
 @dataclass(frozen=True)
 class ForkResult:
-    name: str
-    upstream_commit: str
     fork_commit: str
     branch: str
     patches: tuple[PatchFile, ...]
@@ -61,8 +59,12 @@ class ForkResult:
     checkout: Checkout
 
     @property
-    def short(self) -> str:
-        return self.fork_commit[:7]
+    def name(self) -> str:
+        return self.checkout.name
+
+    @property
+    def upstream_commit(self) -> str:
+        return self.checkout.commit
 
 
 def _split_per_file(diff: str) -> list[FilePatch]:
@@ -143,10 +145,12 @@ def _apply_one(repo: pygit2.Repository, patch: PatchFile) -> None:
 
 
 def apply_series(checkout: Checkout, series: str, patch_files: list[Path]) -> ForkResult:
-    """Commit each patch on `builder/<series>` on top of the upstream commit."""
+    """Commit each patch on `builder/<series>` on top of the upstream commit.
+
+    `checkout` is what fetch_and_checkout returned: the tree is exactly the upstream commit.
+    """
     patches = tuple(parse_patch_file(p) for p in patch_files)
     repo = pygit2.Repository(str(checkout.path))
-    checkout_commit(repo, checkout.commit)
     parent = repo.get(checkout.commit)
     base_time = parent.commit_time
     try:
@@ -168,8 +172,6 @@ def apply_series(checkout: Checkout, series: str, patch_files: list[Path]) -> Fo
     branch = f"builder/{series}"
     repo.references.create(f"refs/heads/{branch}", parent.id, force=True)
     return ForkResult(
-        name=checkout.name,
-        upstream_commit=checkout.commit,
         fork_commit=str(parent.id),
         branch=branch,
         patches=patches,

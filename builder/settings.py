@@ -7,13 +7,13 @@ config file (`<user config dir>/builder/config.toml`), then the default.
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
 
 from builder.errors import BuilderError
+from builder.target import load_toml
 
 CACHE_ENV = "BUILDER_CACHE_DIR"
 DATA_ENV = "BUILDER_DATA_DIR"
@@ -30,13 +30,7 @@ def config_file() -> Path:
 
 def _user_config() -> dict:
     path = config_file()
-    if not path.is_file():
-        return {}
-    try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except tomllib.TOMLDecodeError as exc:
-        raise BuilderError(f"{path}: not valid TOML ({exc})") from None
+    return load_toml(path) if path.is_file() else {}
 
 
 def resolve_cache_dir(flag: str | None) -> Path:

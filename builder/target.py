@@ -130,7 +130,8 @@ class _Reader:
         return tuple(values)
 
 
-def _load_toml(path: Path) -> dict[str, Any]:
+def load_toml(path: Path) -> dict[str, Any]:
+    """A TOML file; a missing or broken one is one BuilderError naming it."""
     try:
         with path.open("rb") as handle:
             return tomllib.load(handle)
@@ -142,7 +143,7 @@ def _load_toml(path: Path) -> dict[str, Any]:
 
 def load_fork(data_dir: Path, name: str) -> Fork:
     path = data_dir / "forks" / name / "pin.toml"
-    reader = _Reader(path, _load_toml(path))
+    reader = _Reader(path, load_toml(path))
     commit = reader.get("commit", str)
     if not _SHA_RE.match(commit):
         raise reader.fail("commit", f"must be a full 40-character lowercase SHA, got '{commit}'")
@@ -184,7 +185,7 @@ def load_target(data_dir: Path, name: str) -> Target:
     if not path.is_file():
         known = ", ".join(available_targets(data_dir)) or "none"
         raise BuilderError(f"unknown target '{name}': no {path} (known targets: {known})")
-    raw = _load_toml(path)
+    raw = load_toml(path)
     reader = _Reader(path, raw)
 
     label = reader.get("local_label", str, name)

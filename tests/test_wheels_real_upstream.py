@@ -80,12 +80,9 @@ def test_second_run_is_a_cache_hit(first: tuple[Builder, dict]) -> None:
     builder, result = first
     wheels = [Path(u["wheel"]["path"]) for u in result["upstreams"].values()]
     mtimes = [w.stat().st_mtime_ns for w in wheels]
-    started = time.monotonic()
     again = json.loads(builder.run("wheels", "--json").stdout)
-    elapsed = time.monotonic() - started
     assert all(u["wheel"]["cached"] for u in again["upstreams"].values())
     assert [w.stat().st_mtime_ns for w in wheels] == mtimes
-    assert elapsed < 30, "a no-op rebuild must not rebuild anything"
 
 
 def test_two_clean_builds_are_byte_identical(
@@ -131,8 +128,8 @@ def test_kill_during_wheel_build_leaves_nothing_half_done(builder: Builder) -> N
     while not (log.exists() and log.stat().st_size > 0) and time.monotonic() < deadline:
         time.sleep(0.05)
     os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-    assert not list(builder.wheelhouse.glob("*.whl")) if builder.wheelhouse.exists() else True
+    assert process.wait() == -signal.SIGKILL, "the kill must land while the build runs"
+    assert not list(builder.wheelhouse.glob("*.whl"))
     assert not list((builder.cache_dir / "wheels").glob("*/wheel.json"))
 
     result = json.loads(builder.run("wheels", "--json").stdout)

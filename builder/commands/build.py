@@ -20,6 +20,26 @@ from builder.commands.common import add_command, context, emit
 from builder.errors import BuilderError
 
 
+def _wheelhouse(args: argparse.Namespace, ctx: pipeline.Context) -> Path:
+    return Path(args.wheelhouse or Path("wheelhouse") / ctx.target.name).resolve()
+
+
+def _add_wheelhouse(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--wheelhouse", help="where the wheels are copied (default: ./wheelhouse/<target>)"
+    )
+
+
+def _forks_and_wheels(args: argparse.Namespace, ctx: pipeline.Context):
+    """Run sources -> patch -> wheels under the cache lock; ({name: fork}, {name: wheel})."""
+    with locked(ctx.cache_dir):
+        built = pipeline.wheels(ctx, _wheelhouse(args, ctx))
+    return (
+        {name: fork for name, (fork, _) in built.items()},
+        {name: wheel for name, (_, wheel) in built.items()},
+    )
+
+
 def cmd_sources(args: argparse.Namespace) -> None:
     ctx = context(args)
     with locked(ctx.cache_dir):
@@ -65,7 +85,7 @@ def cmd_patch(args: argparse.Namespace) -> None:
 
 def cmd_wheels(args: argparse.Namespace) -> None:
     ctx = context(args)
-    wheelhouse = Path(args.wheelhouse or Path("wheelhouse") / ctx.target.name).resolve()
+    wheelhouse = _wheelhouse(args, ctx)
     with locked(ctx.cache_dir):
         built = pipeline.wheels(ctx, wheelhouse)
     result = {
@@ -110,11 +130,7 @@ def cmd_image(args: argparse.Namespace) -> None:
     if args.push and not args.plan:
         provenance.refuse_dirty_push(ctx.data_dir, args.allow_dirty)
     client = docker_client.connect()
-    wheelhouse = Path(args.wheelhouse or Path("wheelhouse") / target.name).resolve()
-    with locked(ctx.cache_dir):
-        built = pipeline.wheels(ctx, wheelhouse)
-    forks = {name: fork for name, (fork, _) in built.items()}
-    wheels = {name: wheel for name, (_, wheel) in built.items()}
+    forks, wheels = _forks_and_wheels(args, ctx)
     image_plan = image.plan(client, target, forks, wheels, options)
 
     if args.plan:
@@ -225,11 +241,7 @@ def cmd_publish(args: argparse.Namespace) -> None:
     if not (args.publish or args.publish_static or args.publish_repository):
         raise BuilderError("builder publish needs --index URL, --repository NAME or --static DIR")
     ctx = context(args)
-    wheelhouse = Path(args.wheelhouse or Path("wheelhouse") / ctx.target.name).resolve()
-    with locked(ctx.cache_dir):
-        built = pipeline.wheels(ctx, wheelhouse)
-    forks = {name: fork for name, (fork, _) in built.items()}
-    wheels = {name: wheel for name, (_, wheel) in built.items()}
+    forks, wheels = _forks_and_wheels(args, ctx)
     published = _publish(args, wheels)
     record = manifest.build_manifest(ctx.target, forks, wheels, published=published)
     tag = "publish-" + "-".join(f.fork_commit[:7] for f in forks.values())
@@ -278,9 +290,7 @@ def register(sub) -> None:
         "its inputs and copy it to the wheelhouse. Unchanged inputs are a cache hit.\n\n"
         "example: builder wheels --target sm120 --wheelhouse ./wheelhouse",
     )
-    wheels.add_argument(
-        "--wheelhouse", help="where the wheels are copied (default: ./wheelhouse/<target>)"
-    )
+    _add_wheelhouse(wheels)
     image_cmd = add_command(
         sub,
         "image",
@@ -296,9 +306,7 @@ def register(sub) -> None:
         "  builder image --target sm120 --push registry.example.com/ml/sglang-sm120\n"
         "  builder image --base-image my-cuda:12.8 --pip-index-url https://pypi.internal/simple",
     )
-    image_cmd.add_argument(
-        "--wheelhouse", help="where the wheels are copied (default: ./wheelhouse/<target>)"
-    )
+    _add_wheelhouse(image_cmd)
     image_cmd.add_argument("--base-image", metavar="REF", help="base image (default: the target's)")
     image_cmd.add_argument(
         "--push", metavar="REGISTRY/REPO", help="push the image there and print its digest"
@@ -360,8 +368,6 @@ def register(sub) -> None:
         "  builder publish --static /srv/www/wheels   # then pip install --index-url "
         "https://host/wheels/simple/ sglang==0.5.9",
     )
-    publish_cmd.add_argument(
-        "--wheelhouse", help="where the wheels are copied (default: ./wheelhouse/<target>)"
-    )
+    _add_wheelhouse(publish_cmd)
     _publish_options(publish_cmd, "--index", "--static")
     publish_cmd.add_argument("--manifest-dir", metavar="DIR", help="where manifests go")

@@ -6,22 +6,16 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
-from builder import pipeline, series
+from builder import series
 from builder.cache import locked
 from builder.commands.common import add_command, context, emit
 from builder.errors import BuilderError
 from builder.patches import parse_patch_file
-from builder.settings import resolve_data_dir
-from builder.target import load_target
 
 
 def cmd_patches_list(args: argparse.Namespace) -> None:
-    data_dir = resolve_data_dir(args.data_dir)
-    ctx = pipeline.Context(
-        load_target(data_dir, args.target), data_dir, Path(), None, tuple(args.upstream)
-    )
+    ctx = context(args)
     result, lines = {}, []
     for name, use in ctx.selected().items():
         entries = []
