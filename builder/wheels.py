@@ -66,8 +66,9 @@ def _build_env(fork: Fork, version: str, source_date_epoch: int) -> dict[str, st
     }
 
 
-def _cache_inputs(result: ForkResult, fork: Fork, version: str, env: dict[str, str]) -> dict:
-    repo = pygit2.Repository(str(result.checkout.path))
+def _cache_inputs(
+    repo: pygit2.Repository, result: ForkResult, fork: Fork, version: str, env: dict[str, str]
+) -> dict:
     backend = {pkg: importlib.metadata.version(pkg) for pkg in BACKEND_PACKAGES}
     return {
         "builder": __version__,
@@ -238,7 +239,7 @@ def build_wheel(
     repo = pygit2.Repository(str(result.checkout.path))
     version = wheel_version(fork, label, result.fork_commit)
     env = _build_env(fork, version, repo.get(result.fork_commit).commit_time)
-    key = content_key(_cache_inputs(result, fork, version, env))
+    key = content_key(_cache_inputs(repo, result, fork, version, env))
     entry = cache_dir / "wheels" / key
     record_path = entry / "wheel.json"
 
