@@ -225,7 +225,7 @@ def plan(
         "PIP_INDEX_URL": options.pip_index_url,
         "PIP_EXTRA_INDEX_URL": options.pip_extra_index_url,
         "JIT_ARCH_LIST": " ".join(target.arch_list),
-        "JIT_MODULES": ",".join(options.jit_modules),
+        "JIT_MODULES": json.dumps(list(options.jit_modules)),
         "JIT_JOBS": str(options.jit_jobs),
         "JIT_JOB_MEMORY_GB": str(target.jit_job_memory_gb),
     }
@@ -284,7 +284,7 @@ def _labels(
         f"{LABEL_PREFIX}target": target.name,
         f"{LABEL_PREFIX}inputs": inputs_hash,
         f"{LABEL_PREFIX}jit.arch": " ".join(sm_name(a) for a in target.arch_list),
-        f"{LABEL_PREFIX}jit.modules": ",".join(options.jit_modules),
+        f"{LABEL_PREFIX}jit.modules": json.dumps(list(options.jit_modules)),
         f"{LABEL_PREFIX}base-image": options.base_image,
     }
     for name, fork in forks.items():

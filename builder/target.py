@@ -81,6 +81,15 @@ class ImageSettings:
 
 
 @dataclass(frozen=True)
+class JitModule:
+    """One FlashInfer module pre-compiled for the target, and why the server loads it."""
+
+    generator: str  # package.module:gen_function or package.module:gen_function(args)
+    loaded_when: str  # the profile setting (`key=value`, as /server_info reports it)
+    call_site: str  # where sglang loads it
+
+
+@dataclass(frozen=True)
 class Target:
     name: str
     description: str
@@ -89,10 +98,14 @@ class Target:
     arch_list: tuple[str, ...]
     image: ImageSettings
     upstreams: dict[str, UpstreamUse]
-    jit_modules: tuple[str, ...]
+    jit: tuple[JitModule, ...]
     jit_job_memory_gb: float
     file: Path
     raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def jit_modules(self) -> tuple[str, ...]:
+        return tuple(module.generator for module in self.jit)
 
 
 class _Reader:
@@ -176,6 +189,23 @@ def load_fork(data_dir: Path, name: str) -> Fork:
     )
 
 
+_GENERATOR_RE = re.compile(r"^[\w.]+:\w+(\(.*\))?$")
+_SETTING_RE = re.compile(r"^\w+=.+$")
+
+
+def _jit_module(jit: _Reader, entry: Any) -> JitModule:
+    if not isinstance(entry, dict):
+        raise jit.fail("modules", "must be [[jit.modules]] tables (generator, loaded_when)")
+    module = _Reader(jit.path, entry, f"{jit.prefix}modules.")
+    generator = module.get("generator", str)
+    if not _GENERATOR_RE.match(generator):
+        raise module.fail("generator", f"'{generator}' is not package.module:gen_function(args)")
+    loaded_when = module.get("loaded_when", str)
+    if not _SETTING_RE.match(loaded_when):
+        raise module.fail("loaded_when", f"'{loaded_when}' is not setting=value")
+    return JitModule(generator, loaded_when, module.get("call_site", str, ""))
+
+
 def available_targets(data_dir: Path) -> list[str]:
     return sorted(p.parent.name for p in (data_dir / "images").glob("*/target.toml"))
 
@@ -229,10 +259,7 @@ def load_target(data_dir: Path, name: str) -> Target:
     if not dockerfile.is_file():
         raise image.fail("dockerfile", f"points at {dockerfile}, which does not exist")
     jit = reader.sub("jit", {})
-    modules = jit.strings("modules", [])
-    for module in modules:
-        if ":" not in module:
-            raise jit.fail("modules", f"has '{module}', expected package.module:gen_function")
+    modules = tuple(_jit_module(jit, entry) for entry in jit.get("modules", list, []))
     job_memory = jit.get("job_memory_gb", (int, float), 6)
 
     return Target(
@@ -251,7 +278,7 @@ def load_target(data_dir: Path, name: str) -> Target:
             exclude_requirements=image.strings("exclude_requirements", []),
         ),
         upstreams=upstreams,
-        jit_modules=modules,
+        jit=modules,
         jit_job_memory_gb=float(job_memory),
         file=path,
         raw=raw,

@@ -22,7 +22,7 @@ REGISTRY_ENV = {
     "BUILDER_REGISTRY_PASSWORD": REGISTRY_PASSWORD,
 }
 WARM_MODULES = (
-    "flashinfer.jit.norm:gen_norm_module,"
+    "flashinfer.jit.norm:gen_norm_module;"
     "flashinfer.jit.fp4_quantization:gen_fp4_quantization_sm120_module"
 )
 

@@ -117,7 +117,11 @@ def cmd_image(args: argparse.Namespace) -> None:
             else args.pip_extra_index_url
         ),
         runtime_requirements=Path(args.runtime_requirements) if args.runtime_requirements else None,
-        jit_modules=tuple(args.jit_modules.split(",")) if args.jit_modules else target.jit_modules,
+        jit_modules=(
+            tuple(m.strip() for m in args.jit_modules.split(";") if m.strip())
+            if args.jit_modules
+            else target.jit_modules
+        ),
         jit_jobs=args.jit_jobs,
         network_host=args.network_host,
     )
@@ -333,8 +337,9 @@ def register(sub) -> None:
     )
     image_cmd.add_argument(
         "--jit-modules",
-        metavar="A,B",
-        help="comma-separated FlashInfer generators to pre-compile (default: the target's list)",
+        metavar="A;B",
+        help="';'-separated FlashInfer generators to pre-compile, e.g. "
+        "'flashinfer.jit.norm:gen_norm_module' (default: the target's [[jit.modules]])",
     )
     image_cmd.add_argument(
         "--jit-jobs",

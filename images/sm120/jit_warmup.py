@@ -3,25 +3,32 @@
 Runs in the image with only the standard library and the installed flashinfer. For each
 generator `package.module:function` it writes the module's ninja file (exactly what
 FlashInfer would write at run time), then runs the same `ninja -C <dir>` FlashInfer runs, in
-parallel, so each module's own build log says "up to date" when a server starts. Then it
-proves the result: every module's .so exists, holds code for every requested arch
-(cuobjdump), and ninja has no work left. The inventory goes to --inventory as JSON.
+parallel, so each module's own build log says "up to date" when a server starts. The first
+module that fails stops every other compile at once and prints that module's compiler
+output. Then it proves the result: every module's .so exists, a module with CUDA sources
+holds code for every requested arch (cuobjdump), a host-only module (spdlog) is recorded as
+such, and ninja has no work left. The inventory (with the nvcc version) goes to --inventory.
 
-    FLASHINFER_CUDA_ARCH_LIST=12.0a python jit_warmup.py --modules a:gen_x,b:gen_y \
+    FLASHINFER_CUDA_ARCH_LIST=12.0a python jit_warmup.py --modules '["a:gen_x", "b:gen_y(1)"]' \
         --jobs 0 --job-memory-gb 6 --inventory /opt/builder/jit-inventory.json
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import concurrent.futures
+import contextlib
 import hashlib
 import importlib
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -55,39 +62,89 @@ def job_budget(requested: int, job_memory_gb: float) -> tuple[int, str]:
     return jobs, f"{jobs} (cores {cores}, memory allows {by_memory} at {job_memory_gb} GB/job)"
 
 
-def load_spec(qualified: str):
-    module_name, _, function = qualified.partition(":")
-    if not function:
-        fail(f"module entry '{qualified}' must look like package.module:gen_function")
+def generator_argument(node: ast.expr, entry: str):
+    """A literal, or `torch.<dtype>`: all a FlashInfer generator takes for its module's shape."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    torch_name = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+    if torch_name and node.value.id == "torch":
+        import torch
+
+        return getattr(torch, node.attr)
+    fail(f"module entry '{entry}': arguments must be literals or torch.<dtype>")
+
+
+def load_spec(entry: str):
+    """`package.module:gen_function` or `package.module:gen_function(arg, ...)` -> JitSpec."""
+    module_name, _, call = entry.partition(":")
     try:
-        generator = getattr(importlib.import_module(module_name), function)
+        parsed = ast.parse(call.strip(), mode="eval").body
+    except SyntaxError:
+        parsed = None
+    if isinstance(parsed, ast.Name):
+        parsed = ast.Call(func=parsed, args=[], keywords=[])
+    if not module_name or not isinstance(parsed, ast.Call) or not isinstance(parsed.func, ast.Name):
+        fail(f"module entry '{entry}' must look like package.module:gen_function(args)")
+    try:
+        generator = getattr(importlib.import_module(module_name), parsed.func.id)
     except (ImportError, AttributeError) as exc:
-        fail(f"cannot load generator {qualified}: {exc}")
-    return generator()
+        fail(f"cannot load generator {entry}: {exc}")
+    args = [generator_argument(node, entry) for node in parsed.args]
+    kwargs = {kw.arg: generator_argument(kw.value, entry) for kw in parsed.keywords}
+    return generator(*args, **kwargs)
 
 
 def ninja_command(spec, jobs: int, *extra: str) -> list[str]:
     return ["ninja", "-C", str(spec.build_dir), "-f", str(spec.ninja_path), "-j", str(jobs), *extra]
 
 
-def compile_module(qualified: str, spec, jobs: int) -> float:
-    started = time.monotonic()
-    spec.write_ninja()
-    result = subprocess.run(ninja_command(spec, jobs), capture_output=True, text=True)
-    if result.returncode:
-        tail = "\n".join(result.stdout.splitlines()[-25:])
-        fail(f"{qualified} ({spec.name}) failed to compile:\n{tail}")
-    return time.monotonic() - started
+class FirstFailure:
+    """Runs each module's ninja in its own process group; the first failure kills the rest."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running: dict[str, subprocess.Popen] = {}
+        self.failed: tuple[str, str] | None = None
+
+    def compile(self, qualified: str, spec, jobs: int) -> float:
+        started = time.monotonic()
+        spec.write_ninja()
+        with self.lock:
+            if self.failed:
+                return 0.0
+            process = subprocess.Popen(
+                ninja_command(spec, jobs), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, start_new_session=True,
+            )  # fmt: skip
+            self.running[qualified] = process
+        output, _ = process.communicate()
+        with self.lock:
+            del self.running[qualified]
+            if process.returncode and not self.failed:
+                self.failed = (qualified, output)
+                for other in self.running.values():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(other.pid, signal.SIGKILL)
+        return time.monotonic() - started
+
+
+def cuobjdump_path() -> str:
+    found = shutil.which("cuobjdump") or os.path.join(
+        os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump"
+    )
+    if not os.path.exists(found):
+        fail("cuobjdump not found: cannot prove which GPU code the modules hold")
+    return found
 
 
 def elf_arches(library: Path) -> list[str]:
-    cuobjdump = shutil.which("cuobjdump") or os.path.join(
-        os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump"
+    """The sm_XX code in a module; [] for a module with no device code at all."""
+    result = subprocess.run(
+        [cuobjdump_path(), "--list-elf", str(library)], capture_output=True, text=True
     )
-    if not os.path.exists(cuobjdump):
-        fail("cuobjdump not found: cannot prove which GPU code the modules hold")
-    result = subprocess.run([cuobjdump, "--list-elf", str(library)], capture_output=True, text=True)
     if result.returncode:
+        if "does not contain device code" in result.stderr + result.stdout:
+            return []
         fail(f"cuobjdump --list-elf {library} failed: {result.stderr.strip()}")
     arches = set()
     for line in result.stdout.splitlines():
@@ -95,6 +152,23 @@ def elf_arches(library: Path) -> list[str]:
             if part.startswith("sm_"):
                 arches.add(part)
     return sorted(arches)
+
+
+def nvcc_version() -> str:
+    """`13.0.88` from `nvcc --version`: the compiler that produced every module."""
+    nvcc = (
+        os.environ.get("FLASHINFER_NVCC")
+        or shutil.which("nvcc")
+        or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+    )
+    try:
+        text = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    except OSError as exc:
+        fail(f"cannot run nvcc ({nvcc}): {exc}")
+    found = re.search(r"V(\d+\.\d+\.\d+)", text)
+    if not found:
+        fail(f"cannot read the nvcc version from `{nvcc} --version`: {text.strip()[-200:]}")
+    return found.group(1)
 
 
 def sha256(path: Path) -> str:
@@ -107,7 +181,9 @@ def sha256(path: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--modules", required=True, help="comma-separated package.module:function")
+    parser.add_argument(
+        "--modules", required=True, help='JSON list of "package.module:gen_function(args)"'
+    )
     parser.add_argument(
         "--jobs", type=int, default=0, help="compile jobs (0: from cores and memory)"
     )
@@ -119,24 +195,42 @@ def main() -> None:
     if not arch_list:
         fail("FLASHINFER_CUDA_ARCH_LIST is empty: with no GPU every module would fail (sm75)")
     wanted = ["sm_" + arch.replace(".", "") for arch in arch_list]
-    names = [m.strip() for m in args.modules.split(",") if m.strip()]
+    try:
+        names = [str(m).strip() for m in json.loads(args.modules) if str(m).strip()]
+    except (ValueError, TypeError):
+        fail(f"--modules must be a JSON list of generator entries, not {args.modules!r}")
     if not names:
         fail("--modules is empty")
 
     jobs, why = job_budget(args.jobs, args.job_memory_gb)
+    compiler = nvcc_version()
     specs = {name: load_spec(name) for name in names}
     # Split the job budget between modules compiled at once; each ninja gets a share.
     at_once = min(jobs, len(specs))
     per_module = max(1, jobs // at_once)
-    print(f"jit-warmup: {len(specs)} modules for {' '.join(arch_list)}, jobs {why}", flush=True)
+    print(
+        f"jit-warmup: {len(specs)} modules for {' '.join(arch_list)} with nvcc {compiler}, "
+        f"jobs {why}",
+        flush=True,
+    )
 
     started = time.monotonic()
     seconds: dict[str, float] = {}
+    builds = FirstFailure()
     with concurrent.futures.ThreadPoolExecutor(max_workers=at_once) as pool:
-        futures = {pool.submit(compile_module, n, s, per_module): n for n, s in specs.items()}
+        futures = {pool.submit(builds.compile, n, s, per_module): n for n, s in specs.items()}
         for future in concurrent.futures.as_completed(futures):
             name = futures[future]
             seconds[name] = future.result()
+            if builds.failed:
+                for pending in futures:
+                    pending.cancel()
+                failed, output = builds.failed
+                tail = "\n".join(output.splitlines()[-25:])
+                fail(
+                    f"{failed} ({specs[failed].name}) failed to compile; other compiles "
+                    f"stopped:\n{tail}"
+                )
             print(f"jit-warmup: {name} compiled in {seconds[name]:.1f} s", flush=True)
 
     inventory = []
@@ -146,8 +240,9 @@ def main() -> None:
         if not library.is_file():
             fail(f"{name}: {library} is missing after the build")
         arches = elf_arches(library)
+        has_cuda_sources = any(Path(source).suffix == ".cu" for source in spec.sources)
         missing = [arch for arch in wanted if arch not in arches]
-        if missing:
+        if (arches or has_cuda_sources) and missing:
             fail(f"{name}: {library.name} holds {arches or 'no GPU code'}, not {missing}")
         dry_run = subprocess.run(ninja_command(spec, 1, "-n"), capture_output=True, text=True)
         if "no work to do" not in dry_run.stdout:
@@ -162,12 +257,14 @@ def main() -> None:
                 "size": library.stat().st_size,
                 "sha256": sha256(library),
                 "arch": arches,
+                "device_code": bool(arches),
                 "compile_seconds": round(seconds[name], 1),
             }
         )
     args.inventory.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "arch_list": arch_list,
+        "nvcc_version": compiler,
         "jobs": jobs,
         "seconds": round(time.monotonic() - started, 1),
         "modules": inventory,

@@ -1,0 +1,91 @@
+"""Each target's JIT list and its launch profiles agree, both ways.
+
+A profile setting that makes sglang load FlashInfer kernels must have its modules in the
+list, or the server compiles them at start-up; a listed module no profile loads costs
+compile time for nothing. The settings are what each profile's readiness check reads back
+from /server_info, and the profile's arguments must ask for them.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from builder import kernels, launch
+from builder.target import available_targets, load_target
+from tests.conftest import REPO_ROOT
+
+
+def _data_copy(tmp_path: Path) -> Path:
+    for folder in ("images", "forks"):
+        shutil.copytree(REPO_ROOT / folder, tmp_path / folder)
+    return tmp_path
+
+
+@pytest.mark.parametrize("target_name", available_targets(REPO_ROOT))
+def test_the_list_and_the_profiles_agree(target_name: str) -> None:
+    target = load_target(REPO_ROOT, target_name)
+    assert kernels.disagreements(target) == []
+    assert all(module.call_site for module in target.jit)
+
+
+@pytest.mark.parametrize("target_name", available_targets(REPO_ROOT))
+def test_profiles_ask_for_what_they_expect(target_name: str) -> None:
+    target = load_target(REPO_ROOT, target_name)
+    profiles, _ = launch.load_profiles(target.file)
+    for name in profiles:
+        recipe = launch.resolve(target.file, name, "i@sha256:" + "0" * 64, launch.Overrides())
+        args = recipe.args
+        for key, value in recipe.expect.items():
+            flag = "--" + key.replace("_", "-")
+            if key == "tp_size":
+                flag = "--tp"
+            assert flag in args, f"{name}: expects {key} but does not pass {flag}"
+            if not isinstance(value, bool):
+                assert args[args.index(flag) + 1] == str(value), f"{name}: {flag}"
+
+
+def test_sm120_lists_the_glm5_modules_with_the_model_shapes() -> None:
+    generators = "\n".join(load_target(REPO_ROOT, "sm120").jit_modules)
+    for needed in (
+        "gen_cutlass_fused_moe_sm120_module",
+        "gen_trtllm_comm_module",
+        "gen_gemm_sm120_module_cutlass_fp4",
+        "gen_fp4_quantization_sm120_module",
+    ):
+        assert needed in generators
+    # GLM-5: kv_lora_rank 512, qk_rope 64; ragged prefill head dims 192 + 64 = 256, v 256.
+    assert "gen_batch_mla_module('fa2', torch.bfloat16, torch.bfloat16" in generators
+    assert ", 512, 64, False)" in generators
+    assert "gen_batch_prefill_module('fa2'" in generators and ", 256, 256, " in generators
+
+
+def test_a_flashinfer_setting_without_its_module_is_named(tmp_path: Path) -> None:
+    data = _data_copy(tmp_path)
+    toml = data / "images/sm120/target.toml"
+    toml.write_text(
+        toml.read_text().replace(
+            'loaded_when = "attention_backend=flashinfer"',
+            'loaded_when = "quantization=modelopt_fp4"',
+        )
+    )
+    problems = kernels.disagreements(load_target(data, "sm120"))
+    assert (
+        "profile glm5-nvfp4-tp8: attention_backend=flashinfer loads FlashInfer, no module "
+        "listed" in problems
+    )
+
+
+def test_a_module_no_profile_loads_is_named(tmp_path: Path) -> None:
+    data = _data_copy(tmp_path)
+    profiles = data / "images/sm120/profiles.toml"
+    text = profiles.read_text()
+    fusion = text.index("[profiles.glm5-nvfp4-tp8-fusion]")
+    profiles.write_text(text[:fusion])
+    problems = kernels.disagreements(load_target(data, "sm120"))
+    assert problems == [
+        "flashinfer.jit.comm:gen_trtllm_comm_module: no profile has "
+        "enable_flashinfer_allreduce_fusion=true"
+    ]
