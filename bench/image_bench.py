@@ -54,8 +54,7 @@ def main() -> None:
         client = docker.DockerClient(base_url=daemon.host, timeout=900)
         base = services.build_test_base(client, work)
         index, port = services.start_pypiserver(services.runtime_wheelhouse(), work / "pypi.log")
-        requirements = work / "requirements.txt"
-        requirements.write_text("\n".join(services.IMAGE_TEST_REQUIREMENTS) + "\n")
+        requirements = services.IMAGE_RUNTIME_REQUIREMENTS
         github = work / "github"
         commits = upstreams.build_all(github)
         data = make_data_dir(work / "data", Upstreams(github, commits))

@@ -7,7 +7,7 @@ import sys
 import traceback
 
 from builder import __version__
-from builder.commands import build, patches, serve
+from builder.commands import build, jit, patches, serve
 from builder.commands.common import EPILOG
 from builder.errors import BuilderError
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     build.register(sub)
     patches.register(sub)
+    jit.register(sub)
     serve.register(sub)
     return parser
 

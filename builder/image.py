@@ -26,7 +26,7 @@ from docker.errors import APIError, ImageNotFound, NotFound
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from builder import __version__, progress
+from builder import __version__, kernels, progress
 from builder.cache import content_key, sha256_file
 from builder.cuda import sm_name
 from builder.errors import BuilderError
@@ -52,6 +52,8 @@ class ImageOptions:
     jit_modules: tuple[str, ...]
     jit_jobs: int
     network_host: bool
+    # Kernel packs (`builder jit harvest`) for this flashinfer build are baked in from here.
+    kernel_packs_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class ImagePlan:
     exists: bool
     base_id: str
     base_digest: str | None
+    kernel_packs: tuple[Path, ...] = ()
 
     @property
     def reference(self) -> str:
@@ -115,6 +118,7 @@ def options_record(options: ImageOptions) -> dict:
         ),
         "jit_modules": list(options.jit_modules),
         "jit_jobs": options.jit_jobs,
+        "kernel_packs_dir": str(options.kernel_packs_dir) if options.kernel_packs_dir else None,
         "network_host": options.network_host,
     }
 
@@ -204,12 +208,18 @@ def plan(
             "pip": [options.pip_index_url, options.pip_extra_index_url],
         }
     )
+    packs = (
+        kernels.packs_for(options.kernel_packs_dir, wheels["flashinfer"].version, target.arch_list)
+        if options.kernel_packs_dir and options.kernel_packs_dir.is_dir()
+        else []
+    )
     flashinfer_key = content_key(
         {
             "runtime": runtime_key,
             "wheel": wheels["flashinfer"].sha256,
             "arch": target.arch_list,
             "modules": options.jit_modules,
+            "kernel_packs": {pack.name: sha256_file(pack) for pack in packs},
         }
     )
     server_key = content_key({"flashinfer": flashinfer_key, "wheel": wheels["sglang"].sha256})
@@ -237,7 +247,7 @@ def plan(
     upstream_changed = ""
     reasons = {
         "runtime": "base image, Dockerfile folder, requirements or package index changed",
-        "flashinfer": "flashinfer wheel, JIT modules or arch changed",
+        "flashinfer": "flashinfer wheel, JIT modules, kernel packs or arch changed",
         "server": "sglang wheel changed",
     }
     for stage in STAGES:
@@ -262,6 +272,7 @@ def plan(
         exists=exists,
         base_id=base_id,
         base_digest=base_digest,
+        kernel_packs=tuple(packs),
     )
 
 
@@ -315,8 +326,12 @@ def recipe_files(target: Target) -> list[Path]:
 
 
 def _make_context(
-    target: Target, wheels: dict[str, BuiltWheel], requirements: str, directory: Path
+    target: Target, wheels: dict[str, BuiltWheel], image_plan: ImagePlan, directory: Path
 ) -> None:
+    (directory / "jit-packs").mkdir()
+    for pack in image_plan.kernel_packs:
+        shutil.copy2(pack, directory / "jit-packs" / pack.name)
+    requirements = image_plan.requirements
     for item in recipe_files(target):
         shutil.copy2(item, directory / item.name)
     if target.image.dockerfile.name != "Dockerfile":
@@ -412,7 +427,7 @@ def build_image(
         labels = {**image_plan.labels, "org.opencontainers.image.created": _now()}
         built_plan = ImagePlan(**{**image_plan.__dict__, "labels": labels})
         with tempfile.TemporaryDirectory(prefix="builder-context-") as tmp:
-            _make_context(target, wheels, image_plan.requirements, Path(tmp))
+            _make_context(target, wheels, image_plan, Path(tmp))
             started = time.monotonic()
             _stream_build(client, Path(tmp), built_plan, options)
             progress.info(f"image built in {time.monotonic() - started:.0f} s")

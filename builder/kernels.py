@@ -8,7 +8,16 @@ server's FlashInfer workspace against it, so a kernel compiled at start-up is na
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+import re
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
 from builder import launch
+from builder.errors import BuilderError
 from builder.target import Target
 
 _PLACEHOLDER_IMAGE = "image@sha256:" + "0" * 64
@@ -42,3 +51,187 @@ def disagreements(target: Target) -> list[str]:
         if module.loaded_when not in used:
             problems.append(f"{module.generator}: no profile has {module.loaded_when}")
     return problems
+
+
+# --- FlashInfer modules compiled at run time, and kernel packs ------------------------------
+
+PACK_SUFFIX = ".kernel-pack.tar"
+_DEFAULT_WORKSPACE = "/root"  # FlashInfer's default base is $HOME; the image sets its own
+
+
+@dataclass(frozen=True)
+class CompiledModule:
+    """A module a server compiled itself: `<base>/.cache/flashinfer/<version>/<arch>/
+    cached_ops/<name>/<name>.so` appeared or changed after the image was built."""
+
+    flashinfer_version: str
+    arch: str
+    name: str
+    directory: str  # absolute, inside the container or on this machine
+
+
+def _parse_module_path(path: str, cache_root: str) -> CompiledModule | None:
+    if not path.startswith(cache_root) or not path.endswith(".so"):
+        return None
+    parts = path[len(cache_root) :].split("/")
+    if len(parts) == 5 and parts[2] == "cached_ops" and parts[4] == f"{parts[3]}.so":
+        directory = cache_root + "/".join(parts[:4])
+        return CompiledModule(parts[0], parts[1], parts[3], directory)
+    return None
+
+
+def _container_cache_root(container) -> str:
+    env = dict(item.split("=", 1) for item in container.attrs["Config"].get("Env") or [])
+    base = env.get("FLASHINFER_WORKSPACE_BASE") or _DEFAULT_WORKSPACE
+    return f"{base.rstrip('/')}/.cache/flashinfer/"
+
+
+def compiled_in_container(container) -> list[CompiledModule]:
+    """Modules the container compiled since it started from its image: the container's
+    FlashInfer workspace against the image's (`docker diff`, so it works on a stopped or
+    crashed container too). A module baked into the image and loaded as is never shows."""
+    root = _container_cache_root(container)
+    found = {}
+    for change in container.diff() or []:
+        if change["Kind"] in (0, 1):  # changed or added; 2 is deleted
+            module = _parse_module_path(change["Path"], root)
+            if module:
+                found[module.name] = module
+    return [found[name] for name in sorted(found)]
+
+
+def compiled_in_workspace(workspace: Path) -> list[CompiledModule]:
+    """Every compiled module under a FlashInfer workspace base on this machine."""
+    root = f"{workspace.resolve()}/.cache/flashinfer/"
+    found = []
+    for library in sorted(Path(root).glob("*/*/cached_ops/*/*.so")):
+        module = _parse_module_path(str(library), root)
+        if module:
+            found.append(module)
+    return found
+
+
+def _add_file(tar: tarfile.TarFile, name: str, data: bytes, mtime: int = 0) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), mtime, 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_pack(
+    modules: list[CompiledModule], files: dict[str, tuple[bytes, int, int]], out: Path, origin: str
+) -> Path:
+    """A kernel pack: `pack.json` (flashinfer version, arch, modules, sha256 of every file)
+    and each module's whole build state (`cached_ops/<name>/`: the .so, the object files,
+    build.ninja and ninja's logs that make ninja see no work; `generated/<name>/`: its
+    generated sources), as one tar named by its content. `files` maps paths relative to
+    `<version>/<arch>/` to (bytes, mode, mtime); mtimes are kept, ninja compares them."""
+    versions = {(m.flashinfer_version, m.arch) for m in modules}
+    if len(versions) != 1:
+        raise BuilderError(f"modules of several flashinfer builds or arches: {sorted(versions)}")
+    ((version, arch),) = versions
+    record = {
+        "schema_version": 1,
+        "flashinfer_version": version,
+        "arch": arch,
+        "modules": [m.name for m in modules],
+        "origin": origin,
+        "files": {name: hashlib.sha256(files[name][0]).hexdigest() for name in sorted(files)},
+    }
+    body = json.dumps(record, indent=2, sort_keys=True).encode() + b"\n"
+    key = hashlib.sha256(body).hexdigest()[:12]
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"flashinfer-{version}-{arch}-{key}{PACK_SUFFIX}"
+    partial = path.with_name(path.name + ".partial")
+    with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tar:
+        _add_file(tar, "pack.json", body)
+        for name in sorted(files):
+            data, mode, mtime = files[name]
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, mtime
+            tar.addfile(info, io.BytesIO(data))
+    partial.replace(path)
+    return path
+
+
+def _generated_sources(build_ninja: bytes, arch_root: str) -> list[str]:
+    """Sources FlashInfer generated for a module (`<arch root>/generated/...`), as its
+    build.ninja names them: they are part of its build state."""
+    pattern = re.escape(f"{arch_root}/generated/") + r"[^\s:$|]+"
+    return sorted(set(re.findall(pattern, build_ninja.decode(errors="replace"))))
+
+
+def _tar_files(stream: bytes, prefix: str) -> dict[str, tuple[bytes, int, int]]:
+    files = {}
+    with tarfile.open(fileobj=io.BytesIO(stream)) as tar:
+        for member in tar:
+            if member.isfile():
+                data = tar.extractfile(member).read()
+                files[f"{prefix}/{member.name}"] = (data, member.mode, int(member.mtime))
+    return files
+
+
+def harvest_container(container, out: Path) -> tuple[list[CompiledModule], Path | None]:
+    """A kernel pack of what the container compiled at run time (None if nothing)."""
+    modules = compiled_in_container(container)
+    if not modules:
+        return [], None
+    files = {}
+    for module in modules:
+        arch_root = module.directory.rsplit("/cached_ops/", 1)[0]
+        chunks, _ = container.get_archive(module.directory)
+        # get_archive names entries after the folder it was given: `<name>/...`.
+        built = _tar_files(b"".join(chunks), "cached_ops")
+        files.update(built)
+        ninja = built.get(f"cached_ops/{module.name}/build.ninja", (b"",))[0]
+        for source in _generated_sources(ninja, arch_root):
+            chunks, _ = container.get_archive(source)
+            folder = str(Path(source).parent.relative_to(arch_root))
+            files.update(_tar_files(b"".join(chunks), folder))
+    origin = f"container {container.name} of image {container.attrs['Config']['Image']}"
+    return modules, write_pack(modules, files, out, origin)
+
+
+def harvest_workspace(workspace: Path, out: Path) -> tuple[list[CompiledModule], Path | None]:
+    """A kernel pack of every module compiled under a FlashInfer workspace base."""
+    modules = compiled_in_workspace(workspace)
+    if not modules:
+        return [], None
+    files = {}
+    for module in modules:
+        folder = Path(module.directory)
+        arch_root = folder.parent.parent
+        paths = [p for p in sorted(folder.rglob("*")) if p.is_file()]
+        paths += map(
+            Path, _generated_sources((folder / "build.ninja").read_bytes(), str(arch_root))
+        )
+        for path in paths:
+            stat = path.stat()
+            name = str(path.relative_to(arch_root))
+            files[name] = (path.read_bytes(), stat.st_mode & 0o777, int(stat.st_mtime))
+    return modules, write_pack(modules, files, out, f"workspace {workspace}")
+
+
+def packs_dir(cache_dir: Path) -> Path:
+    """Where `builder jit harvest` puts kernel packs and `builder image` takes them from."""
+    return cache_dir / "kernel-packs"
+
+
+def pack_record(path: Path) -> dict:
+    with tarfile.open(path) as tar:
+        member = tar.extractfile("pack.json")
+        return json.loads(member.read()) if member else {}
+
+
+def packs_for(directory: Path, flashinfer_version: str, arch_list: tuple[str, ...]) -> list[Path]:
+    """The kernel packs in `directory` made by exactly this flashinfer build, for an arch of
+    the target (FlashInfer names the arch folder `120a` for `12.0a`)."""
+    arches = {arch.replace(".", "") for arch in arch_list}
+    found = []
+    for path in sorted(directory.glob(f"*{PACK_SUFFIX}")):
+        try:
+            record = pack_record(path)
+        except (tarfile.TarError, KeyError, ValueError) as exc:
+            raise BuilderError(f"{path}: not a kernel pack ({exc})") from None
+        if record.get("flashinfer_version") == flashinfer_version and record.get("arch") in arches:
+            found.append(path)
+    return found

@@ -139,13 +139,11 @@ def test_base(docker_client, tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="session")
 def runtime_index(tmp_path_factory: pytest.TempPathFactory):
     """A pypiserver holding what the image's runtime stage needs, for offline builds."""
-    from tests.services import IMAGE_TEST_REQUIREMENTS, runtime_wheelhouse, start_pypiserver
+    from tests.services import IMAGE_RUNTIME_REQUIREMENTS, runtime_wheelhouse, start_pypiserver
 
     root = tmp_path_factory.mktemp("runtime-index")
     process, port = start_pypiserver(runtime_wheelhouse(), root / "pypiserver.log")
-    requirements = root / "requirements.txt"
-    requirements.write_text("\n".join(IMAGE_TEST_REQUIREMENTS) + "\n")
-    yield f"http://127.0.0.1:{port}/simple/", requirements
+    yield f"http://127.0.0.1:{port}/simple/", IMAGE_RUNTIME_REQUIREMENTS
     process.terminate()
 
 

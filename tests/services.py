@@ -6,6 +6,7 @@ Set BUILDER_TEST_DOCKER_HOST to reuse a running engine instead of starting one.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -144,50 +145,61 @@ def start_pypiserver(
     return start_process(command, port, log, "pypiserver"), port
 
 
-# --- a CUDA base image without Docker Hub --------------------------------------------------
+# --- a CUDA base image without Docker Hub ------------------------------------------------
 
-TEST_BASE = "builder-test-base:bookworm-cuda13"
-# What the runtime stage needs to import flashinfer and compile its JIT modules.
-IMAGE_TEST_REQUIREMENTS = [
-    "torch==2.13.0",
-    "numpy",
-    "ninja",
-    "apache-tvm-ffi>=0.1.6,!=0.1.8,!=0.1.8.post0,<0.2",
-    "packaging>=24.2",
-    "requests",
-    "tqdm",
-    "einops",
-    "click",
-    "tabulate",
-    "nvidia-ml-py",
-]
-_CUDA_WHEELS = [
-    "nvidia-cublas==13.8.2.12",
-    "nvidia-curand==10.4.5.25",
-    "nvidia-cuda-cuobjdump==13.5.37",
-]
+DATA = Path(__file__).parent / "data"
+CUDA_TOOLKIT = DATA / "cuda-toolkit.txt"
+IMAGE_RUNTIME_REQUIREMENTS = DATA / "image-runtime-requirements.txt"
+_HEADERS_ONLY = ("nvidia-cublas", "nvidia-curand")
 
 
-def _pip_download(requirements: list[str], destination: Path) -> None:
-    destination.mkdir(parents=True, exist_ok=True)
+def requirement_lines(path: Path) -> list[str]:
+    lines = (line.split("#")[0].strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def _nvcc_version() -> str:
+    for line in requirement_lines(CUDA_TOOLKIT):
+        if line.startswith("nvidia-cuda-nvcc=="):
+            return line.split("==")[1]
+    raise RuntimeError(f"{CUDA_TOOLKIT} pins no nvidia-cuda-nvcc")
+
+
+TEST_BASE = f"builder-test-base:bookworm-cuda{_nvcc_version()}"
+
+
+def _pip_download(requirements: list[str], destination: Path, *options: str) -> None:
+    """From PyPI only: --isolated ignores this machine's pip config (local wheel folders)."""
+    partial = destination.with_name(destination.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
     subprocess.run(
         [
-            os.sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
+            os.sys.executable, "-m", "pip", "--isolated", "download", "-q",
+            "--disable-pip-version-check", "--only-binary=:all:",
             "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64",
             "--platform", "manylinux_2_27_x86_64", "--platform", "manylinux_2_17_x86_64",
-            "--platform", "manylinux2014_x86_64", "--find-links", "/opt/wheels",
-            "-d", str(destination), *requirements,
+            "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_12_x86_64",
+            "--platform", "manylinux2010_x86_64", "-d", str(partial), *options, *requirements,
         ],
         check=True,
     )  # fmt: skip
+    shutil.rmtree(destination, ignore_errors=True)
+    partial.replace(destination)
+
+
+def _cached_download(name: str, requirements_file: Path, *options: str) -> Path:
+    """Wheels for a requirements file, cached under a key of its content."""
+    key = hashlib.sha256(requirements_file.read_bytes()).hexdigest()[:12]
+    destination = CACHE / f"{name}-{key}"
+    if not destination.is_dir():
+        _pip_download(requirement_lines(requirements_file), destination, *options)
+    return destination
 
 
 def runtime_wheelhouse() -> Path:
-    """Wheels for IMAGE_TEST_REQUIREMENTS (torch: the CPU build on this disk), cached."""
-    destination = CACHE / "image-runtime-wheels"
-    if not list(destination.glob("torch-*.whl")):
-        _pip_download(IMAGE_TEST_REQUIREMENTS, destination)
-    return destination
+    """Wheels for the test image's runtime stage (torch with its CUDA libraries), cached."""
+    return _cached_download("image-runtime-wheels", IMAGE_RUNTIME_REQUIREMENTS)
 
 
 def _debootstrap(destination: Path) -> Path:
@@ -213,10 +225,38 @@ def _debootstrap(destination: Path) -> Path:
     return archive
 
 
+def assemble_cuda_toolkit(destination: Path) -> Path:
+    """A CUDA_HOME from the pinned NVIDIA wheels: bin/ (nvcc, ptxas, cuobjdump...), nvvm/,
+    include/ (with cccl, cuBLAS and cuRAND headers), lib64 -> lib, and a stub libcuda.so to
+    link against (a build has no driver)."""
+    wheels = _cached_download("cuda-toolkit", CUDA_TOOLKIT, "--no-deps")
+    for wheel in sorted(wheels.glob("*.whl")):
+        headers_only = wheel.name.replace("_", "-").startswith(_HEADERS_ONLY)
+        with zipfile.ZipFile(wheel) as archive:
+            for info in archive.infolist():
+                name = info.filename.removeprefix("nvidia/cu13/")
+                if name == info.filename or info.is_dir() or name.startswith(".metadata/"):
+                    continue
+                if headers_only and not name.startswith("include/"):
+                    continue
+                target = destination / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(archive.read(info))
+                target.chmod((info.external_attr >> 16) & 0o777 or 0o644)
+    (destination / "lib64").symlink_to("lib")
+    (destination / "lib/libcudart.so").symlink_to("libcudart.so.13")
+    (destination / "lib/stubs").mkdir()
+    subprocess.run(
+        ["gcc", "-shared", "-x", "c", "/dev/null", "-o", str(destination / "lib/stubs/libcuda.so")],
+        check=True,
+    )
+    return destination
+
+
 def build_test_base(client, workdir: Path) -> str:
-    """Debian + Python + g++ + the host's slim CUDA 13 toolkit, stub libcuda, cuBLAS/cuRAND
-    headers and cuobjdump: enough for a real `docker build` to compile FlashInfer for sm_120a.
-    """
+    """Debian + Python + g++ + a CUDA 13 toolkit from NVIDIA's PyPI wheels: enough for a
+    real `docker build` to compile FlashInfer modules for sm_120a. Nothing from this host
+    but its CA bundle (it trusts the TLS-re-signing proxy in front of PyPI)."""
     from docker.errors import ImageNotFound
 
     try:
@@ -225,28 +265,9 @@ def build_test_base(client, workdir: Path) -> str:
     except ImageNotFound:
         pass
     rootfs = _debootstrap(workdir)
-    cuda_wheels = CACHE / "cuda"
-    if len(list(cuda_wheels.glob("*.whl"))) < len(_CUDA_WHEELS):
-        subprocess.run(
-            [os.sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-             "-d", str(cuda_wheels), *_CUDA_WHEELS],
-            check=True,
-        )  # fmt: skip
-    extra = workdir / "cuda-extra"
-    for wheel in cuda_wheels.glob("*.whl"):
-        with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(extra, [n for n in archive.namelist() if n.startswith("nvidia/")])
-    (extra / "nvidia/cu13/bin/cuobjdump").chmod(0o755)
-    stub = workdir / "libcuda.so"
-    subprocess.run(["gcc", "-shared", "-x", "c", "/dev/null", "-o", str(stub)], check=True)
-
-    cuda = Path("/usr/local/cuda").resolve()
+    cuda = assemble_cuda_toolkit(workdir / "cuda")
     additions = {
         "usr/local/cuda": cuda,
-        "usr/local/cuda/include-extra": extra / "nvidia/cu13/include",
-        "usr/local/cuda/bin/cuobjdump": extra / "nvidia/cu13/bin/cuobjdump",
-        "usr/local/cuda/lib64/stubs/libcuda.so": stub,
-        # The host's bundle: it trusts the TLS-re-signing proxy in front of PyPI.
         "etc/ssl/certs/ca-certificates.crt": Path("/etc/ssl/certs/ca-certificates.crt"),
     }
     image_tar = workdir / "base.tar"
@@ -266,8 +287,8 @@ def build_test_base(client, workdir: Path) -> str:
             changes=[
                 "ENV PATH=/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "ENV CUDA_HOME=/usr/local/cuda",
-                "ENV CPATH=/usr/local/cuda/include-extra",
             ],
         )
     image_tar.unlink()
+    shutil.rmtree(cuda)
     return TEST_BASE

@@ -2,7 +2,10 @@
 
 It plays a server that loads for STARTUP_SECONDS (port open, /health answers 503), then
 serves /health, /health_generate and /server_info (SERVER_INFO, JSON). With
-DIE_AFTER_SECONDS it exits with EXIT_CODE mid-start, like a server that crashed.
+DIE_AFTER_SECONDS it exits with EXIT_CODE mid-start, like a server that crashed. With
+JIT_AT_START=ACT (in an image with flashinfer) it first builds FlashInfer's `ACT_and_mul`
+module the way FlashInfer's JIT does at first use (`JitSpec.build`: real ninja and nvcc),
+like a server loading a kernel its image did not pre-compile; loading it needs a GPU.
 """
 
 import json
@@ -44,7 +47,16 @@ def die_later(seconds: float, code: int) -> None:
     os._exit(code)
 
 
+def build_jit_module(activation: str) -> None:
+    from flashinfer.jit.activation import gen_act_and_mul_module
+
+    print(f"standin: JIT-compiling {activation}_and_mul at start-up", flush=True)
+    gen_act_and_mul_module(activation).build(verbose=False)
+
+
 if __name__ == "__main__":
+    if os.environ.get("JIT_AT_START"):
+        build_jit_module(os.environ["JIT_AT_START"])
     if DIE_AFTER:
         threading.Thread(
             target=die_later, args=(float(DIE_AFTER), int(os.environ.get("EXIT_CODE", "1")))

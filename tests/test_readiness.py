@@ -25,6 +25,7 @@ GOOD_INFO = {
     "tp_size": 8,
     "kv_cache_dtype": "fp8_e4m3",
     "enable_flashinfer_allreduce_fusion": False,
+    "quantization": "modelopt_fp4",
 }
 
 

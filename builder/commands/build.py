@@ -8,6 +8,7 @@ from pathlib import Path
 from builder import (
     docker_client,
     image,
+    kernels,
     launch,
     manifest,
     pipeline,
@@ -124,6 +125,7 @@ def cmd_image(args: argparse.Namespace) -> None:
         ),
         jit_jobs=args.jit_jobs,
         network_host=args.network_host,
+        kernel_packs_dir=kernels.packs_dir(ctx.cache_dir),
     )
     if options.runtime_requirements and not options.runtime_requirements.is_file():
         raise BuilderError(f"--runtime-requirements {options.runtime_requirements}: no such file")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from docker.errors import ImageNotFound, NotFound
 
-from builder import docker_client, doctor, launch, manifest, progress, readiness
+from builder import docker_client, doctor, kernels, launch, manifest, progress, readiness
 from builder.cache import atomic_write_text
 from builder.commands.common import DEFAULT_TARGET, add_command, emit
 from builder.errors import BuilderError
@@ -107,14 +107,30 @@ def _wait(args, url: str, container: str | None, expect: dict, deadline_minutes:
         docker_client=client,
         poll_s=args.poll,
     )
+    result = verdict.to_json()
+    compiled = None
+    if container:
+        compiled = [m.name for m in kernels.compiled_in_container(client.containers.get(container))]
+        result["flashinfer_compiled_at_start"] = compiled
     if args.json:
-        print(json.dumps(verdict.to_json(), indent=2, sort_keys=True))
+        print(json.dumps(result, indent=2, sort_keys=True))
     else:
         print(f"{verdict.state}: {verdict.message}")
+        if compiled is not None:
+            print(_compiled_line(compiled, container))
         if verdict.log_tail:
             print("last log lines:\n" + verdict.log_tail.rstrip())
     if verdict.exit_code:
         raise SystemExit(verdict.exit_code)
+
+
+def _compiled_line(compiled: list[str], container: str) -> str:
+    if not compiled:
+        return "FlashInfer modules compiled at start-up: 0 (every kernel came from the image)"
+    return (
+        f"FlashInfer modules compiled at start-up: {len(compiled)} ({', '.join(compiled)}); "
+        f"pack them for the next image: builder jit harvest --container {container}"
+    )
 
 
 def cmd_wait_ready(args: argparse.Namespace) -> None:
@@ -171,6 +187,20 @@ def cmd_doctor(args: argparse.Namespace) -> None:
     except BuilderError:
         pass
     findings.append(doctor.check_runtime(info))
+    if args.container and client is not None:
+        try:
+            container = client.containers.get(args.container)
+        except NotFound:
+            raise BuilderError(f"--container {args.container}: no such container") from None
+        compiled = [m.name for m in kernels.compiled_in_container(container)]
+        findings.append(
+            doctor.Finding(
+                "jit",
+                not compiled,
+                _compiled_line(compiled, args.container),
+                f"builder jit harvest --container {args.container}, then builder image",
+            )
+        )
     if args.image and client is not None:
         present = True
         try:
@@ -300,6 +330,10 @@ def register(sub) -> None:
     doctor_cmd.add_argument("--target", default=DEFAULT_TARGET)
     doctor_cmd.add_argument("--profile")
     doctor_cmd.add_argument("--image", help="image reference that should be present")
+    doctor_cmd.add_argument(
+        "--container",
+        help="a server container: report FlashInfer modules it compiled at start-up (0 expected)",
+    )
     doctor_cmd.add_argument("--data-dir")
     doctor_cmd.add_argument("--verbose", action="store_true", help="show hints for passing checks")
     doctor_cmd.add_argument("--json", action="store_true")

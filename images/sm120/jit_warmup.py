@@ -28,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -171,6 +172,116 @@ def nvcc_version() -> str:
     return found.group(1)
 
 
+def prove(
+    label: str,
+    name: str,
+    build_dir: Path,
+    wanted: list[str],
+    seconds: float,
+    source: str,
+    *,
+    expects_device_code: bool,
+) -> dict:
+    """The inventory entry of a module, once its .so, its GPU code and ninja's verdict are
+    checked: what FlashInfer will find at run time without compiling."""
+    library = build_dir / f"{name}.so"
+    if not library.is_file():
+        fail(f"{label}: {library} is missing after the build")
+    arches = elf_arches(library)
+    missing = [arch for arch in wanted if arch not in arches]
+    if (arches or expects_device_code) and missing:
+        fail(f"{label}: {library.name} holds {arches or 'no GPU code'}, not {missing}")
+    dry_run = subprocess.run(
+        ["ninja", "-C", str(build_dir), "-f", str(build_dir / "build.ninja"), "-n"],
+        capture_output=True,
+        text=True,
+    )
+    if "no work to do" not in dry_run.stdout:
+        fail(f"{label}: ninja still has work after the build:\n{dry_run.stdout[-2000:]}")
+    workspace = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE", Path.home()))
+    return {
+        "module": label,
+        "name": name,
+        "file": str(library.relative_to(workspace))
+        if library.is_relative_to(workspace)
+        else str(library),
+        "size": library.stat().st_size,
+        "sha256": sha256(library),
+        "arch": arches,
+        "device_code": bool(arches),
+        "compile_seconds": round(seconds, 1),
+        "source": source,
+    }
+
+
+# Before any module is compiled or unpacked: an old, fixed mtime on the files a module's
+# build reads from this stage. A kernel pack's object files keep the mtimes they were
+# compiled with, at run time in another container; ninja would call them stale next to
+# headers installed later, when this stage is built.
+_OLD_MTIME = 946684800  # 2000-01-01
+
+
+def age_build_inputs() -> None:
+    import flashinfer
+    import tvm_ffi
+
+    for package in (flashinfer, tvm_ffi):
+        for path in Path(package.__file__).parent.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                os.utime(path, (_OLD_MTIME, _OLD_MTIME))
+
+
+def bake_packs(directory: Path) -> dict[str, str]:
+    """Unpack every kernel pack in `directory` into FlashInfer's workspace, each file
+    checked against the sha256 in its pack.json; a pack for another flashinfer build or
+    arch is refused. Returns {module name: pack file name}."""
+    import flashinfer
+    from flashinfer.jit import env as jit_env
+
+    arch_root = Path(jit_env.FLASHINFER_JIT_DIR).parent
+    baked = {}
+    for pack in sorted(directory.glob("*.kernel-pack.tar")):
+        with tarfile.open(pack) as tar:
+            record = json.load(tar.extractfile("pack.json"))
+            if (record["flashinfer_version"], record["arch"]) != (
+                flashinfer.__version__,
+                arch_root.name,
+            ):
+                fail(
+                    f"kernel pack {pack.name} is for flashinfer {record['flashinfer_version']} "
+                    f"arch {record['arch']}; this image has {flashinfer.__version__} "
+                    f"arch {arch_root.name}"
+                )
+            for member in tar:
+                if member.name == "pack.json":
+                    continue
+                expected = record["files"].get(member.name)
+                parts = Path(member.name).parts
+                if (
+                    not member.isfile()
+                    or expected is None
+                    or ".." in parts
+                    or parts[0]
+                    not in (
+                        "cached_ops",
+                        "generated",
+                    )
+                ):
+                    fail(f"kernel pack {pack.name}: unexpected entry {member.name}")
+                data = tar.extractfile(member).read()
+                if hashlib.sha256(data).hexdigest() != expected:
+                    fail(f"kernel pack {pack.name}: {member.name} does not match its sha256")
+                target = arch_root / member.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+                target.chmod(member.mode & 0o777)
+                os.utime(target, (member.mtime, member.mtime))
+        for module in record["modules"]:
+            baked[module] = pack.name
+        print(f"jit-warmup: unpacked {', '.join(record['modules'])} from {pack.name}", flush=True)
+    return baked
+
+
 def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -189,6 +300,9 @@ def main() -> None:
     )
     parser.add_argument("--job-memory-gb", type=float, default=6.0, help="peak memory per job")
     parser.add_argument("--inventory", required=True, type=Path)
+    parser.add_argument(
+        "--packs", type=Path, help="folder of kernel packs (builder jit harvest) to unpack first"
+    )
     args = parser.parse_args()
 
     arch_list = os.environ.get("FLASHINFER_CUDA_ARCH_LIST", "").split()
@@ -204,6 +318,8 @@ def main() -> None:
 
     jobs, why = job_budget(args.jobs, args.job_memory_gb)
     compiler = nvcc_version()
+    age_build_inputs()
+    baked = bake_packs(args.packs) if args.packs and args.packs.is_dir() else {}
     specs = {name: load_spec(name) for name in names}
     # Split the job budget between modules compiled at once; each ninja gets a share.
     at_once = min(jobs, len(specs))
@@ -233,34 +349,22 @@ def main() -> None:
                 )
             print(f"jit-warmup: {name} compiled in {seconds[name]:.1f} s", flush=True)
 
-    inventory = []
-    workspace = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE", Path.home()))
-    for name, spec in specs.items():
-        library = Path(spec.jit_library_path)
-        if not library.is_file():
-            fail(f"{name}: {library} is missing after the build")
-        arches = elf_arches(library)
-        has_cuda_sources = any(Path(source).suffix == ".cu" for source in spec.sources)
-        missing = [arch for arch in wanted if arch not in arches]
-        if (arches or has_cuda_sources) and missing:
-            fail(f"{name}: {library.name} holds {arches or 'no GPU code'}, not {missing}")
-        dry_run = subprocess.run(ninja_command(spec, 1, "-n"), capture_output=True, text=True)
-        if "no work to do" not in dry_run.stdout:
-            fail(f"{name}: ninja still has work after the build:\n{dry_run.stdout[-2000:]}")
-        inventory.append(
-            {
-                "module": name,
-                "name": spec.name,
-                "file": str(library.relative_to(workspace))
-                if library.is_relative_to(workspace)
-                else str(library),
-                "size": library.stat().st_size,
-                "sha256": sha256(library),
-                "arch": arches,
-                "device_code": bool(arches),
-                "compile_seconds": round(seconds[name], 1),
-            }
-        )
+    inventory = [
+        prove(name, spec.name, Path(spec.build_dir), wanted, seconds[name], "compiled",
+              expects_device_code=any(Path(src).suffix == ".cu" for src in spec.sources))
+        for name, spec in specs.items()
+    ]  # fmt: skip
+    from flashinfer.jit import env as jit_env
+
+    listed = {entry["name"] for entry in inventory}
+    for module, pack in baked.items():
+        if module not in listed:
+            build_dir = Path(jit_env.FLASHINFER_JIT_DIR) / module
+            device = ": cuda_compile " in (build_dir / "build.ninja").read_text()
+            inventory.append(
+                prove(f"kernel pack {pack}", module, build_dir, wanted, 0.0, f"pack:{pack}",
+                      expects_device_code=device)
+            )  # fmt: skip
     args.inventory.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "arch_list": arch_list,

@@ -1,0 +1,109 @@
+"""`builder jit`: the target's FlashInfer kernel list, and kernels harvested from the field."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from docker.errors import NotFound
+
+from builder import docker_client, kernels
+from builder.commands.common import DEFAULT_TARGET, emit
+from builder.errors import BuilderError
+from builder.settings import CACHE_ENV, DATA_ENV, resolve_cache_dir, resolve_data_dir
+from builder.target import load_target
+
+
+def cmd_jit_list(args: argparse.Namespace) -> None:
+    target = load_target(resolve_data_dir(args.data_dir), args.target)
+    problems = kernels.disagreements(target)
+    modules = [
+        {"generator": m.generator, "loaded_when": m.loaded_when, "call_site": m.call_site}
+        for m in target.jit
+    ]
+    lines = [f"{m['generator']}\n    when {m['loaded_when']}: {m['call_site']}" for m in modules]
+    lines += [f"DISAGREES: {problem}" for problem in problems]
+    emit(args, {"target": target.name, "modules": modules, "disagreements": problems}, lines)
+    if problems:
+        raise SystemExit(1)
+
+
+def cmd_jit_harvest(args: argparse.Namespace) -> None:
+    out = Path(args.out) if args.out else kernels.packs_dir(resolve_cache_dir(args.cache_dir))
+    if args.container:
+        client = docker_client.connect()
+        try:
+            container = client.containers.get(args.container)
+        except NotFound:
+            raise BuilderError(f"--container {args.container}: no such container") from None
+        modules, pack = kernels.harvest_container(container, out)
+        where = f"container {args.container}"
+    else:
+        workspace = Path(args.workspace)
+        if not (workspace / ".cache" / "flashinfer").is_dir():
+            raise BuilderError(
+                f"--workspace {workspace}: no .cache/flashinfer inside "
+                "(pass FlashInfer's workspace base: FLASHINFER_WORKSPACE_BASE, or $HOME)"
+            )
+        modules, pack = kernels.harvest_workspace(workspace, out)
+        where = f"workspace {workspace}"
+    names = [module.name for module in modules]
+    result = {"modules": names, "pack": str(pack) if pack else None}
+    if pack:
+        lines = [
+            f"harvested {len(names)} module(s) compiled at run time in {where}: {', '.join(names)}",
+            f"kernel pack: {pack}",
+            "the next `builder image` with this cache bakes it in (copy it into "
+            "<cache>/kernel-packs/ on another build host)",
+        ]
+    else:
+        lines = [f"nothing to harvest: {where} compiled no FlashInfer module at run time"]
+    emit(args, result, lines)
+
+
+def register(sub) -> None:
+    jit_cmd = sub.add_parser(
+        "jit",
+        help="the FlashInfer kernel list; harvest kernels a server compiled at start-up",
+        description="`list` shows the target's pre-compiled FlashInfer modules with the "
+        "sglang call site that loads each, and checks them against the launch profiles. "
+        "`harvest` packs the modules a running (or stopped) server compiled itself, so the "
+        "next `builder image` bakes them in and the next start compiles nothing.",
+    )
+    jit_sub = jit_cmd.add_subparsers(dest="jit_command", required=True, metavar="ACTION")
+
+    listing = jit_sub.add_parser(
+        "list",
+        help="the target's modules, call sites, and whether they agree with the profiles",
+        description="Exit code 1 when a profile setting loads FlashInfer modules that are not "
+        "listed, or a listed module is loaded by no profile.",
+    )
+    listing.add_argument("--target", default=DEFAULT_TARGET, help="target under images/")
+    listing.add_argument("--data-dir", help=f"project data directory (env {DATA_ENV})")
+    listing.add_argument("--json", action="store_true", help="print the result as JSON")
+    listing.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    listing.set_defaults(func=cmd_jit_list)
+
+    harvest = jit_sub.add_parser(
+        "harvest",
+        help="pack the FlashInfer modules a server compiled at run time",
+        description="Reads what the server compiled at run time (the container's FlashInfer "
+        "workspace against its image: `docker diff`, so a stopped container works too), and "
+        "writes one kernel pack: each module's .so, object files and ninja state, with "
+        "sha256s, keyed by the exact flashinfer build and arch. `builder image` bakes every "
+        "matching pack in its cache into the flashinfer stage.\n\n"
+        "example: builder jit harvest --container sglang-glm5",
+    )
+    source = harvest.add_mutually_exclusive_group(required=True)
+    source.add_argument("--container", help="container name or id (on this Docker engine)")
+    source.add_argument(
+        "--workspace",
+        help="a FlashInfer workspace base on this machine (bare metal: $HOME by default)",
+    )
+    harvest.add_argument(
+        "--out", help="folder for the pack (default: <cache>/kernel-packs, where image looks)"
+    )
+    harvest.add_argument("--cache-dir", help=f"cache directory (env {CACHE_ENV})")
+    harvest.add_argument("--json", action="store_true", help="print the result as JSON")
+    harvest.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    harvest.set_defaults(func=cmd_jit_harvest)

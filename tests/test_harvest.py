@@ -1,0 +1,158 @@
+"""A kernel the server compiles at start-up is reported, harvested and baked into the next
+image, whose next start compiles nothing: real image, real flashinfer and nvcc, real engine.
+
+No GPU exists here: the stand-in server (tests/standin_sglang.py, JIT_AT_START) builds a
+FlashInfer module missing from the image's list exactly as FlashInfer's JIT does at first
+use (`JitSpec.build`: its ninja file, nvcc for sm_120a), without loading it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import uuid
+from pathlib import Path
+
+import pytest
+from docker.errors import ImageNotFound
+
+from tests.conftest import REPO_ROOT, Builder, Upstreams, make_data_dir
+from tests.services import free_port
+from tests.test_image import image_args
+from tests.test_readiness import GOOD_INFO, STANDIN
+
+pytestmark = pytest.mark.docker
+
+MISSING_MODULE = "silu_and_mul"  # gen_act_and_mul_module("silu"): not in the image's list
+
+
+def _start(docker_client, reference: str) -> tuple[str, str]:
+    port, name = free_port(), f"jit-standin-{uuid.uuid4().hex[:8]}"
+    docker_client.containers.run(
+        reference,
+        [str(port)],
+        entrypoint=["python", "/standin.py"],
+        name=name,
+        detach=True,
+        network_mode="host",
+        environment={"SERVER_INFO": json.dumps(GOOD_INFO), "JIT_AT_START": "silu"},
+        volumes={str(STANDIN): {"bind": "/standin.py", "mode": "ro"}},
+    )
+    return f"http://127.0.0.1:{port}", name
+
+
+def _wait_ready(builder: Builder, docker_host: str, url: str, name: str) -> dict:
+    result = builder.run(
+        "wait-ready", url, "--container", name, "--poll", "0.5", "--json",
+        env={"DOCKER_HOST": docker_host}, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout)
+
+
+def _harvest(builder: Builder, docker_host: str, name: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "builder.cli", "jit", "harvest", "--container", name,
+         "--cache-dir", str(builder.cache_dir), "--json"],
+        capture_output=True, text=True, cwd=REPO_ROOT,
+        env={**os.environ, "DOCKER_HOST": docker_host},
+    )  # fmt: skip
+
+
+def test_a_module_compiled_at_start_is_reported_harvested_and_baked_in(
+    tmp_path: Path, github: Upstreams, docker_host, docker_client, test_base, runtime_index
+) -> None:
+    builder = Builder(
+        make_data_dir(tmp_path / "data", github), tmp_path / "cache", github.mirror,
+        tmp_path / "wheelhouse", env={"DOCKER_HOST": docker_host},
+    )  # fmt: skip
+    first = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
+    reference = first["image"]["reference"]
+    assert MISSING_MODULE not in {m["name"] for m in first["image"]["jit_inventory"]["modules"]}
+
+    containers = []
+    try:
+        url, name = _start(docker_client, reference)
+        containers.append(name)
+        verdict = _wait_ready(builder, docker_host, url, name)
+        assert verdict["flashinfer_compiled_at_start"] == [MISSING_MODULE]
+
+        doctor = builder.run(
+            "doctor", "--container", name, "--json", env={"DOCKER_HOST": docker_host},
+            check=False,
+        )  # fmt: skip
+        jit = next(f for f in json.loads(doctor.stdout) if f["check"] == "jit")
+        assert not jit["ok"] and MISSING_MODULE in jit["detail"]
+        assert f"builder jit harvest --container {name}" in jit["fix"]
+
+        harvested = _harvest(builder, docker_host, name)
+        assert harvested.returncode == 0, harvested.stderr
+        pack = Path(json.loads(harvested.stdout)["pack"])
+        assert pack.parent == builder.cache_dir / "kernel-packs"
+        with tarfile.open(pack) as tar:
+            record = json.load(tar.extractfile("pack.json"))
+            names = tar.getnames()
+        assert record["modules"] == [MISSING_MODULE]
+        assert record["flashinfer_version"].startswith("0.6.3+sm120.g")
+        assert record["arch"] == "120a"
+        assert f"cached_ops/{MISSING_MODULE}/{MISSING_MODULE}.so" in names
+        assert f"cached_ops/{MISSING_MODULE}/.ninja_log" in names
+        assert "generated/silu_and_mul.cu" in names  # its generated source, named by build.ninja
+
+        plan = json.loads(
+            builder.run(*image_args(test_base, runtime_index, "--plan", "--json")).stdout
+        )
+        assert plan["stages"]["runtime"]["rebuild"] is None
+        assert "kernel packs" in plan["stages"]["flashinfer"]["rebuild"]
+
+        second = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
+        assert second["image"]["reference"] != reference
+        baked = {m["name"]: m for m in second["image"]["jit_inventory"]["modules"]}
+        assert baked[MISSING_MODULE]["source"] == f"pack:{pack.name}"
+        assert baked[MISSING_MODULE]["arch"] == ["sm_120a"]
+
+        url, name = _start(docker_client, second["image"]["reference"])
+        containers.append(name)
+        verdict = _wait_ready(builder, docker_host, url, name)
+        assert verdict["flashinfer_compiled_at_start"] == []
+        assert json.loads(_harvest(builder, docker_host, name).stdout)["pack"] is None
+    finally:
+        for name in containers:
+            docker_client.containers.get(name).remove(force=True)
+
+
+def test_a_tampered_kernel_pack_fails_the_build_and_names_the_file(
+    tmp_path: Path, github: Upstreams, docker_host, docker_client, test_base, runtime_index
+) -> None:
+    builder = Builder(
+        make_data_dir(tmp_path / "data", github), tmp_path / "cache", github.mirror,
+        tmp_path / "wheelhouse", env={"DOCKER_HOST": docker_host},
+    )  # fmt: skip
+    wheels = json.loads(builder.run("wheels", "--json").stdout)["upstreams"]
+    version = wheels["flashinfer"]["wheel"]["version"]
+    body = {"schema_version": 1, "flashinfer_version": version, "arch": "120a",
+            "modules": ["norm"], "origin": "test",
+            "files": {"cached_ops/norm/norm.so": "0" * 64}}  # fmt: skip
+    packs = builder.cache_dir / "kernel-packs"
+    packs.mkdir(parents=True)
+    pack = packs / f"flashinfer-{version}-120a-tampered.kernel-pack.tar"
+    with tarfile.open(pack, "w") as tar:
+        for name, data in (
+            ("pack.json", json.dumps(body).encode()),
+            ("cached_ops/norm/norm.so", b"not the bytes that were hashed"),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    planned = json.loads(
+        builder.run(*image_args(test_base, runtime_index, "--plan", "--json")).stdout
+    )
+    result = builder.run(*image_args(test_base, runtime_index), check=False)
+    assert result.returncode == 1
+    assert "cached_ops/norm/norm.so does not match its sha256" in result.stderr
+    with pytest.raises(ImageNotFound):
+        docker_client.images.get(planned["reference"])
