@@ -9,7 +9,7 @@ import traceback
 from builder import __version__
 from builder.commands import build, jit, patches, serve
 from builder.commands.common import EPILOG
-from builder.errors import BuilderError
+from builder.errors import EXIT_CODES, EXIT_CODES_HELP, BuilderError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Turn pinned upstream sources plus a patch series into patched wheels and a "
         "ready-to-run CUDA image. Stages: sources -> patch -> wheels -> image (-> push, "
         "publish, manifest); each runs the ones before. Then launch it on a GPU VM.",
-        epilog=EPILOG,
+        epilog=EPILOG + "\n" + EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"builder {__version__}")
@@ -37,15 +37,20 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except BuilderError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_CODES["error"]
     except KeyboardInterrupt:
         print("interrupted: the cache is consistent; run the command again", file=sys.stderr)
-        return 130
+        return EXIT_CODES["interrupted"]
     except Exception as exc:
         if args.debug:
             traceback.print_exc()
-        print(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)", file=sys.stderr)
-        return 2
+            print(f"internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        else:
+            print(
+                f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
+                file=sys.stderr,
+            )
+        return EXIT_CODES["internal"]
     return 0
 
 

@@ -1,4 +1,31 @@
-"""Errors a user can act on. The CLI prints each as one line and exits non-zero."""
+"""Errors a user can act on, and the one exit-code table every command uses."""
+
+# The exit codes of every builder command (`builder --help` and README show this table).
+EXIT_CODES = {
+    "ok": 0,  # done; for wait-ready: ready, generation works, the backends match
+    "ready": 0,
+    "error": 1,  # bad input or a failed step: one line names the file, setting or step
+    "internal": 2,  # a bug in builder: rerun with --debug for the traceback
+    "crashed": 3,  # wait-ready: the container exited, restarted or was removed
+    "timeout": 4,  # wait-ready: the deadline passed while the server was still starting
+    "mismatch": 5,  # wait-ready: up, but /server_info shows other backends than asked for
+    "stalled": 6,  # wait-ready: no new log line for --stall-minutes before ready
+    "drift": 7,  # patches check/refresh: the series cannot move to the new upstream unattended
+    "interrupted": 130,  # Ctrl-C: the cache is consistent, run the command again
+}
+
+EXIT_CODES_HELP = """\
+exit codes:
+  0    ok (wait-ready: ready, a generation worked, the backends match)
+  1    bad input or a failed step; the one-line error names the file, setting or step
+  2    internal error (a bug): rerun with --debug for the traceback
+  3    wait-ready: crashed (the container exited, restarted or is gone)
+  4    wait-ready: still starting when the deadline passed (not a crash)
+  5    wait-ready: up, but /server_info shows other backends than the profile asked for
+  6    wait-ready: stalled (no new log line for --stall-minutes before ready)
+  7    patches check/refresh: the series cannot move to that upstream unattended
+  130  interrupted (the cache stays consistent)
+"""
 
 
 class BuilderError(Exception):

@@ -28,8 +28,9 @@ def warn(message: str) -> None:
 
 
 @contextmanager
-def task(description: str, total: float | None = None) -> Iterator[Progress]:
-    """A live line (spinner, bar when `total` is known, elapsed time) for one long step."""
+def task(description: str, total: float | None = None, announce: bool = True) -> Iterator[Progress]:
+    """A live line (spinner, bar when `total` is known, elapsed time) for one long step; with
+    `announce`, a ✓ line when the step finishes (the caller reports its own verdict if not)."""
     progress = Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -43,4 +44,5 @@ def task(description: str, total: float | None = None) -> Iterator[Progress]:
     with progress:
         progress.add_task(description, total=total)
         yield progress
-    console.print(f"[green]✓[/] {description} ({time.monotonic() - started:.1f} s)")
+    if announce:
+        console.print(f"[green]✓[/] {description} ({time.monotonic() - started:.1f} s)")

@@ -5,7 +5,8 @@ Stages: the port opens, GET /health answers 200 (503 means still starting), GET
 backends the profile asked for. A crash is the container exiting or restarting, read
 from the engine's container state (exit code and log tail), never guessed from log words.
 Without --container, a server that stops answering is reported as unreachable, not
-crashed: only the engine knows.
+crashed: only the engine knows. With a container, no new log line for `stall_s` before the
+server is ready is "stalled" (NCCL initialisation hangs over PCIe P2P in a VM look like this).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from builder import progress
+from builder.errors import EXIT_CODES, BuilderError
 
 STAGES = ("port", "/health", "/health_generate", "/server_info")
-EXIT_CODES = {"ready": 0, "crashed": 2, "timeout": 3, "mismatch": 4}
 # Endpoints that answer 503 until the server is there: (timeout s, what a 503 means).
 # /health_generate runs a real one-token generation, hence its long timeout.
 _PROBES = {"/health": (10, "still loading"), "/health_generate": (120, "warming up")}
@@ -29,7 +30,7 @@ _PROBES = {"/health": (10, "still loading"), "/health_generate": (120, "warming 
 
 @dataclass
 class Verdict:
-    state: str  # ready | crashed | timeout | mismatch
+    state: str  # ready | crashed | timeout | mismatch | stalled
     message: str
     stage: str
     elapsed: float
@@ -61,6 +62,20 @@ def _get(url: str, timeout: float) -> tuple[int, bytes]:
         return 0, b""
 
 
+def validate_url(url: str) -> str:
+    """`http(s)://HOST:PORT` (a path is not allowed: the stages add theirs)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+        raise BuilderError(f"wait-ready URL '{url}': expected http://HOST:PORT")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise BuilderError(f"wait-ready URL '{url}': give the server root, e.g. http://HOST:PORT")
+    return url.rstrip("/")
+
+
 def _port_open(url: str) -> bool:
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -85,14 +100,22 @@ def check_server_info(info: dict, expect: dict) -> list[str]:
 
 
 class _ContainerWatch:
-    """Container state from the engine: exited, dead or restarted means crashed."""
+    """Container state from the engine: exited, dead, removed or restarted means crashed;
+    the time of its last log line tells a stalled start."""
 
     def __init__(self, client, name: str) -> None:
         self.container = client.containers.get(name)
         self.restarts = self.container.attrs["RestartCount"]
+        self.last_line = b""
+        self.last_change = time.monotonic()
 
     def crashed(self) -> str | None:
-        self.container.reload()
+        from docker.errors import NotFound
+
+        try:
+            self.container.reload()
+        except NotFound:
+            return f"container {self.container.name} is gone (removed while starting)"
         state = self.container.attrs["State"]
         if state["Status"] in ("exited", "dead"):
             return f"container {self.container.name} exited with code {state['ExitCode']}"
@@ -105,7 +128,19 @@ class _ContainerWatch:
         return None
 
     def log_tail(self, lines: int = 30) -> str:
-        return self.container.logs(tail=lines).decode(errors="replace")
+        from docker.errors import NotFound
+
+        try:
+            return self.container.logs(tail=lines).decode(errors="replace")
+        except NotFound:
+            return ""
+
+    def quiet_for(self) -> float:
+        """Seconds since the container last wrote a log line."""
+        line = self.container.logs(tail=1, timestamps=True)
+        if line != self.last_line:
+            self.last_line, self.last_change = line, time.monotonic()
+        return time.monotonic() - self.last_change
 
 
 def wait_ready(
@@ -116,13 +151,14 @@ def wait_ready(
     container: str | None = None,
     docker_client=None,
     poll_s: float = 2.0,
+    stall_s: float = 600.0,
 ) -> Verdict:
-    url = url.rstrip("/")
+    url = validate_url(url)
     watch = _ContainerWatch(docker_client, container) if container else None
     started = time.monotonic()
     stage = 0
     detail = "waiting"
-    with progress.task("wait-ready") as bar:
+    with progress.task("wait-ready", announce=False) as bar:
         task_id = bar.task_ids[0]
         bar.update(task_id, total=len(STAGES))
         while True:
@@ -133,6 +169,18 @@ def wait_ready(
                 if crash:
                     return Verdict(
                         "crashed", crash, STAGES[stage], elapsed, log_tail=watch.log_tail()
+                    )
+                quiet = watch.quiet_for()
+                if quiet > stall_s:
+                    return Verdict(
+                        "stalled",
+                        f"no new log line for {quiet / 60:.1f} min at stage {STAGES[stage]} "
+                        f"({detail}); the container is running but not progressing (NCCL "
+                        "initialisation over PCIe P2P in a VM hangs like this: try "
+                        "NCCL_P2P_DISABLE=1)",
+                        STAGES[stage],
+                        elapsed,
+                        log_tail=watch.log_tail(),
                     )
             if STAGES[stage] == "port":
                 if _port_open(url):
@@ -174,8 +222,13 @@ def wait_ready(
                 completed=stage,
                 description=f"wait-ready {url}: {detail} (deadline {deadline_s / 60:.0f} min)",
             )
-            if elapsed > deadline_s:
-                where = "the container is still running" if watch else "no container to inspect"
+            if elapsed >= deadline_s:
+                if watch:
+                    where = "the container is still running"
+                elif stage == 0:
+                    where = "nothing is listening there (no --container to tell a crash)"
+                else:
+                    where = "no container to inspect"
                 return Verdict(
                     "timeout",
                     f"not ready after {elapsed / 60:.1f} min, last: {detail}; {where} "

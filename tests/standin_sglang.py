@@ -2,7 +2,8 @@
 
 It plays a server that loads for STARTUP_SECONDS (port open, /health answers 503), then
 serves /health, /health_generate and /server_info (SERVER_INFO, JSON). With
-DIE_AFTER_SECONDS it exits with EXIT_CODE mid-start, like a server that crashed. With
+DIE_AFTER_SECONDS it exits with EXIT_CODE mid-start, like a server that crashed; with
+SILENT_SECONDS it first hangs that long without a log line, like a stalled start. With
 JIT_AT_START=ACT (in an image with flashinfer) it first builds FlashInfer's `ACT_and_mul`
 module the way FlashInfer's JIT does at first use (`JitSpec.build`: real ninja and nvcc),
 like a server loading a kernel its image did not pre-compile; loading it needs a GPU.
@@ -54,13 +55,20 @@ def build_jit_module(activation: str) -> None:
     gen_act_and_mul_module(activation).build(verbose=False)
 
 
+def port_argument(args: list[str]) -> int:
+    """`PORT`, or sglang's own `--port PORT` (the image's healthcheck reads that)."""
+    return int(args[args.index("--port") + 1] if "--port" in args else args[0])
+
+
 if __name__ == "__main__":
     if os.environ.get("JIT_AT_START"):
         build_jit_module(os.environ["JIT_AT_START"])
+    # A start that hangs without a word before the port opens (NCCL init stuck on P2P).
+    time.sleep(float(os.environ.get("SILENT_SECONDS", "0")))
     if DIE_AFTER:
         threading.Thread(
             target=die_later, args=(float(DIE_AFTER), int(os.environ.get("EXIT_CODE", "1")))
         ).start()
     print("standin: Load weight begin (loading checkpoint shards)", flush=True)
-    server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", port_argument(sys.argv[1:])), Handler)
     server.serve_forever()

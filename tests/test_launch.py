@@ -41,7 +41,7 @@ def test_default_profile_is_the_field_validated_tp8_recipe() -> None:
     for part in ("--gpus", "--ipc=host", "--shm-size"):
         assert part in run
     assert IMAGE in run and run.index(IMAGE) == len(run) - len(recipe.args) - 1
-    assert "30000:30000" in run
+    assert "127.0.0.1:30000:30000" in run, "published on loopback only by default"
     assert "$HOME/.cache/huggingface:/root/.cache/huggingface:rw" in run
 
 
@@ -66,7 +66,7 @@ def test_overrides_model_dir_port_params_and_extra_args() -> None:
     recipe = launch.resolve(TARGET, None, IMAGE, overrides)
     assert _flag(recipe.args, "--model-path") == "/models/GLM-5-NVFP4"
     assert ("/data/GLM-5-NVFP4", "/models/GLM-5-NVFP4", "ro") in recipe.volumes
-    assert _flag(recipe.args, "--port") == "8000" and "8000:8000" in recipe.docker_run()
+    assert _flag(recipe.args, "--port") == "8000" and "127.0.0.1:8000:8000" in recipe.docker_run()
     assert _flag(recipe.args, "--kv-cache-dtype") == "bf16"
     assert recipe.expect["kv_cache_dtype"] == "bf16"
     assert recipe.args[-2:] == ("--log-level", "debug")
@@ -140,3 +140,14 @@ def test_launch_without_any_manifest_says_what_to_do(builder: Builder) -> None:
     result = builder.run("launch", check=False)
     assert result.returncode == 1
     assert "run `builder image` first" in result.stderr
+
+
+def test_bind_opens_the_port_and_a_bad_address_is_refused() -> None:
+    recipe = launch.resolve(TARGET, None, IMAGE, launch.Overrides(bind="0.0.0.0"))
+    assert "0.0.0.0:30000:30000" in recipe.docker_run()
+    assert '"0.0.0.0:30000:30000"' in launch.compose_file(recipe)
+    assert recipe.url == "http://127.0.0.1:30000"
+    default = launch.compose_file(launch.resolve(TARGET, None, IMAGE, launch.Overrides()))
+    assert '"127.0.0.1:30000:30000"' in default
+    with pytest.raises(BuilderError, match=r"--bind example\.com: not an IP address"):
+        launch.resolve(TARGET, None, IMAGE, launch.Overrides(bind="example.com"))

@@ -8,12 +8,15 @@ detection is tested against real container state, not a heuristic.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Builder
+from tests.conftest import REPO_ROOT, Builder, Upstreams, make_data_dir
 from tests.services import free_port
 
 pytestmark = pytest.mark.docker
@@ -53,6 +56,19 @@ def standin(docker_client, test_base):
         docker_client.containers.get(name).remove(force=True)
 
 
+@pytest.fixture(scope="module")
+def built_image(tmp_path_factory, github: Upstreams, docker_host, test_base, runtime_index) -> str:
+    from tests.test_image import image_args
+
+    root = tmp_path_factory.mktemp("healthcheck")
+    builder = Builder(
+        make_data_dir(root / "data", github), root / "cache", github.mirror, root / "wheelhouse",
+        env={"DOCKER_HOST": docker_host},
+    )  # fmt: skip
+    result = builder.run(*image_args(test_base, runtime_index, "--json"))
+    return json.loads(result.stdout)["image"]["reference"]
+
+
 def wait(builder: Builder, docker_host: str, url: str, *args: str):
     return builder.run(
         "wait-ready", url, "--poll", "0.3", "--json", *args,
@@ -74,7 +90,7 @@ def test_a_container_that_dies_mid_start_is_crashed(builder, docker_host, standi
     url, name = standin(STARTUP_SECONDS="60", DIE_AFTER_SECONDS="3", EXIT_CODE="3")
     result = wait(builder, docker_host, url, "--container", name, "--deadline", "2")
     verdict = json.loads(result.stdout)
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert verdict["state"] == "crashed"
     assert f"container {name} exited with code 3" in verdict["message"]
     assert "simulated fatal error" in verdict["log_tail"]
@@ -84,7 +100,7 @@ def test_still_loading_at_the_deadline_is_not_a_crash(builder, docker_host, stan
     url, name = standin(STARTUP_SECONDS="600")
     result = wait(builder, docker_host, url, "--container", name, "--deadline", "0.1")
     verdict = json.loads(result.stdout)
-    assert result.returncode == 3
+    assert result.returncode == 4
     assert verdict["state"] == "timeout"
     assert verdict["stage"] == "/health"
     assert "still running" in verdict["message"] and "503" in verdict["message"]
@@ -95,7 +111,7 @@ def test_other_backends_than_asked_is_a_mismatch(builder, docker_host, standin) 
     url, name = standin(STARTUP_SECONDS="1", SERVER_INFO=json.dumps(info))
     result = wait(builder, docker_host, url, "--container", name, "--profile", "glm5-nvfp4-tp8")
     verdict = json.loads(result.stdout)
-    assert result.returncode == 4
+    assert result.returncode == 5
     assert verdict["state"] == "mismatch"
     assert "moe_runner_backend=triton (asked for flashinfer_cutlass)" in verdict["message"]
 
@@ -105,8 +121,90 @@ def test_fusion_profile_expects_fusion_on(builder, docker_host, standin) -> None
     result = wait(
         builder, docker_host, url, "--container", name, "--profile", "glm5-nvfp4-tp8-fusion"
     )
-    assert result.returncode == 4
+    assert result.returncode == 5
     assert (
         "enable_flashinfer_allreduce_fusion=False (asked for True)"
         in json.loads(result.stdout)["message"]
     )
+
+
+def test_a_container_removed_while_starting_is_crashed(
+    builder, docker_host, docker_client, standin
+) -> None:
+    url, name = standin(STARTUP_SECONDS="600")
+    command = builder.command("wait-ready", url, "--container", name, "--poll", "0.3", "--json")
+    waiting = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+        env={**os.environ, "DOCKER_HOST": docker_host},
+    )  # fmt: skip
+    time.sleep(3)
+    docker_client.containers.get(name).remove(force=True)
+    out, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 3, err
+    verdict = json.loads(out)
+    assert verdict["state"] == "crashed"
+    assert f"container {name}" in verdict["message"]
+
+
+def test_a_silent_start_is_stalled(builder, docker_host, standin) -> None:
+    url, name = standin(SILENT_SECONDS="600")
+    result = wait(builder, docker_host, url, "--container", name, "--stall-minutes", "0.05")
+    verdict = json.loads(result.stdout)
+    assert result.returncode == 6, result.stderr
+    assert verdict["state"] == "stalled" and verdict["stage"] == "port"
+    assert "no new log line for" in verdict["message"]
+    assert "Load weight begin" not in verdict["log_tail"]  # it never got that far
+
+
+def test_a_closed_port_without_container_is_not_ready_and_never_checked(builder) -> None:
+    port = free_port()
+    result = builder.run(
+        "wait-ready", f"http://127.0.0.1:{port}", "--deadline", "0", "--json", check=False
+    )
+    verdict = json.loads(result.stdout)
+    assert result.returncode == 4
+    assert verdict["state"] == "timeout" and verdict["elapsed_seconds"] < 5
+    assert "nothing is listening" in verdict["message"]
+    assert "✓" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["not-a-url"], "wait-ready URL 'not-a-url': expected http://HOST:PORT"),
+        (["ftp://127.0.0.1:21"], "wait-ready URL 'ftp://127.0.0.1:21': expected http://HOST:PORT"),
+        (["http://127.0.0.1:99999"], "expected http://HOST:PORT"),
+        (["http://127.0.0.1:30000/health"], "give the server root"),
+        (["http://127.0.0.1:30000", "--deadline", "-1"], "--deadline -1: must be 0 or more"),
+        (["http://127.0.0.1:30000", "--poll", "0"], "--poll 0: must be more than 0"),
+        (["http://127.0.0.1:30000", "--expect", "=x"], "--expect =x: expected KEY=VALUE"),
+    ],
+)
+def test_bad_wait_ready_input_is_one_line(builder, args, message) -> None:
+    result = builder.run("wait-ready", *args, check=False)
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert message in result.stderr
+
+
+def test_the_image_healthcheck_follows_the_servers_port(docker_client, built_image) -> None:
+    """The image's HEALTHCHECK command, run in a container started on a non-default port."""
+    reference = built_image
+    config = docker_client.images.get(reference).attrs["Config"]["Healthcheck"]
+    assert config["Test"] == ["CMD", "python", "/opt/builder/healthcheck.py"]
+    port = free_port()
+    container = docker_client.containers.run(
+        reference, ["--port", str(port)], entrypoint=["python", "/standin.py"], detach=True,
+        network_mode="host", environment={"STARTUP_SECONDS": "0"},
+        volumes={str(STANDIN): {"bind": "/standin.py", "mode": "ro"}},
+    )  # fmt: skip
+    try:
+        for _ in range(50):
+            code, output = container.exec_run(config["Test"][1:])
+            if code == 0:
+                break
+            time.sleep(0.2)
+        assert code == 0, output
+        assert port != 30000
+    finally:
+        container.remove(force=True)

@@ -69,7 +69,7 @@ def test_check_classifies_each_patch(builder: Builder, history) -> None:
         "hunk 3 of 3",
     ]
     assert at_16["onto_commit"] == history[1]["0.6.16"]
-    assert code == 2 and at_16["can_move_unattended"] is False
+    assert code == 7 and at_16["can_move_unattended"] is False
 
     code, at_17 = _check(builder, "v0.6.17")
     assert [p["status"] for p in at_17["patches"]] == ["upstream", "upstream", "conflict"]
@@ -125,7 +125,7 @@ def test_conflict_stops_leaves_forks_untouched_then_export_finishes(
     result = builder.run(
         "patches", "refresh", "--upstream", "flashinfer", "--onto", "v0.6.16", check=False
     )
-    assert result.returncode == 2
+    assert result.returncode == 7
     assert "0003-jit-env-compare-public-versions" in result.stderr
     assert "conflicts in flashinfer/jit/env.py (hunk 2 of 3" in result.stderr
     assert "builder patches export --target sm120 --upstream flashinfer" in result.stderr

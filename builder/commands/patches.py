@@ -10,7 +10,7 @@ from collections.abc import Callable
 from builder import series
 from builder.cache import locked
 from builder.commands.common import add_command, context, emit
-from builder.errors import BuilderError
+from builder.errors import EXIT_CODES, BuilderError
 from builder.patches import parse_patch_file
 
 
@@ -59,7 +59,7 @@ def cmd_patches_check(args: argparse.Namespace) -> None:
                 lines.append(f"            {file}: {'; '.join(hunks)}")
     emit(args, {name: r.to_json() for name, r in results.items()}, lines)
     if not all(r.unattended for r in results.values()):
-        raise SystemExit(2)
+        raise SystemExit(EXIT_CODES["drift"])
 
 
 def cmd_patches_refresh(args: argparse.Namespace) -> None:
@@ -77,7 +77,7 @@ def cmd_patches_refresh(args: argparse.Namespace) -> None:
         print(series.conflict_help(path, conflict, ctx.target.name, name), file=sys.stderr)
         if args.json:
             print(json.dumps({"refreshed": False, "check": result.to_json(), "workdir": str(path)}))
-        raise SystemExit(2)
+        raise SystemExit(EXIT_CODES["drift"])
     dropped = [p.patch.path.name for p in result.patches if p.status == "upstream"]
     lines = [f"{name}: series moved onto {args.onto} ({result.onto_commit[:12]})"]
     lines += [f"  dropped (upstream): {d}" for d in dropped]
@@ -140,7 +140,7 @@ def register(sub) -> None:
         "rebase the series onto REF and re-pin",
         "Rebase the series onto REF (3-way), drop patches REF already contains, then write the "
         "new patch files and pin. On a conflict, stop with the conflict marked in a work "
-        "directory, say what to edit, and leave forks/ untouched (exit code 2).\n\n"
+        "directory, say what to edit, and leave forks/ untouched (exit code 7).\n\n"
         "example: builder patches refresh --upstream flashinfer --onto v0.6.16",
         True,
     )

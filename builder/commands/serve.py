@@ -37,6 +37,7 @@ def _recipe(args: argparse.Namespace):
         extra_args=tuple(args.extra_arg),
         hf_cache=args.hf_cache,
         container_name=args.name,
+        bind=args.bind,
     )
     recipe = launch.resolve(target.file, args.profile, manifest.image_reference(record), overrides)
     if recipe.experimental:
@@ -92,6 +93,7 @@ def cmd_deploy_files(args: argparse.Namespace) -> None:
 
 
 def _wait(args, url: str, container: str | None, expect: dict, deadline_minutes: float) -> None:
+    url = readiness.validate_url(url)
     client = None
     if container:
         client = docker_client.connect()
@@ -106,6 +108,7 @@ def _wait(args, url: str, container: str | None, expect: dict, deadline_minutes:
         container=container,
         docker_client=client,
         poll_s=args.poll,
+        stall_s=getattr(args, "stall_minutes", 10.0) * 60,
     )
     result = verdict.to_json()
     compiled = None
@@ -134,6 +137,12 @@ def _compiled_line(compiled: list[str], container: str) -> str:
 
 
 def cmd_wait_ready(args: argparse.Namespace) -> None:
+    readiness.validate_url(args.url)
+    for flag, value in (("--deadline", args.deadline), ("--stall-minutes", args.stall_minutes)):
+        if value is not None and value < 0:
+            raise BuilderError(f"{flag} {value:g}: must be 0 or more (minutes)")
+    if args.poll <= 0:
+        raise BuilderError(f"--poll {args.poll:g}: must be more than 0 (seconds)")
     expect: dict = {}
     deadline = args.deadline
     if args.profile:
@@ -141,13 +150,14 @@ def cmd_wait_ready(args: argparse.Namespace) -> None:
         target = load_target(data_dir, args.target)
         recipe = launch.resolve(target.file, args.profile, "-", launch.Overrides())
         expect = dict(recipe.expect)
-        deadline = deadline or recipe.ready_deadline_minutes
+        if deadline is None:
+            deadline = recipe.ready_deadline_minutes
     for item in args.expect:
         key, sep, value = item.partition("=")
-        if not sep:
+        if not sep or not key:
             raise BuilderError(f"--expect {item}: expected KEY=VALUE")
         expect[key] = value
-    _wait(args, args.url, args.container, expect, deadline or 20)
+    _wait(args, args.url, args.container, expect, 20 if deadline is None else deadline)
 
 
 def cmd_doctor(args: argparse.Namespace) -> None:
@@ -256,6 +266,13 @@ def register(sub) -> None:
             help="host directory for the Hugging Face cache (default: $HOME/.cache/huggingface)",
         )
         command.add_argument("--name", help="container name (default: the profile's)")
+        command.add_argument(
+            "--bind",
+            default="127.0.0.1",
+            metavar="ADDR",
+            help="host address the server port is published on (default: 127.0.0.1, this "
+            "machine only; 0.0.0.0 opens it to the network: put an API key in front)",
+        )
 
     launch_cmd = add_command(
         sub,
@@ -293,16 +310,33 @@ def register(sub) -> None:
         help="wait until a server is ready; tell 'still loading' from 'crashed'",
         description="Wait in stages: port open, /health 200 (503 = still starting), "
         "/health_generate 200 (a real generation), /server_info shows the expected backends. "
-        "With --container, a crash is the container exiting or restarting (exit code and log "
-        "tail shown). Exit codes: 0 ready, 2 crashed, 3 deadline passed (still loading), "
-        "4 up but with other backends than expected.\n\n"
+        "With --container, a crash is the container exiting, restarting or being removed "
+        "(exit code and log tail shown), no new log line for --stall-minutes is a stalled "
+        "start, and the FlashInfer modules the server compiled at start-up are named. "
+        "Exit codes: 0 ready, 1 bad input, 3 crashed, 4 deadline passed (still loading), "
+        "5 up but with other backends than expected, 6 stalled.\n\n"
         "example: builder wait-ready http://127.0.0.1:30000 --container sglang-glm5 "
         "--profile glm5-nvfp4-tp8",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     wait.add_argument("url", help="server base URL, e.g. http://127.0.0.1:30000")
-    wait.add_argument("--container", help="container name or id to watch for crashes")
-    wait.add_argument("--deadline", type=float, help="minutes to wait (default: profile's, or 20)")
+    wait.add_argument(
+        "--container", help="container name or id to watch for crashes, stalls and JIT compiles"
+    )
+    wait.add_argument(
+        "--deadline",
+        type=float,
+        metavar="MINUTES",
+        help="minutes to wait; 0 checks once (default: the profile's, or 20)",
+    )
+    wait.add_argument(
+        "--stall-minutes",
+        type=float,
+        default=10.0,
+        metavar="MINUTES",
+        help="with --container: no new log line for this long before ready is a stall "
+        "(default: 10)",
+    )
     wait.add_argument("--profile", help="take the expected backends and deadline from a profile")
     wait.add_argument(
         "--expect",
@@ -311,11 +345,15 @@ def register(sub) -> None:
         metavar="KEY=VALUE",
         help="/server_info must report this (repeatable)",
     )
-    wait.add_argument("--target", default=DEFAULT_TARGET)
-    wait.add_argument("--data-dir")
-    wait.add_argument("--poll", type=float, default=2.0, help="seconds between checks")
-    wait.add_argument("--json", action="store_true")
-    wait.add_argument("--debug", action="store_true")
+    wait.add_argument(
+        "--target", default=DEFAULT_TARGET, help=f"target of --profile (default: {DEFAULT_TARGET})"
+    )
+    wait.add_argument("--data-dir", help="project data directory (for --profile)")
+    wait.add_argument(
+        "--poll", type=float, default=2.0, metavar="SECONDS", help="between checks (default: 2)"
+    )
+    wait.add_argument("--json", action="store_true", help="print the verdict as JSON on stdout")
+    wait.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     wait.set_defaults(func=cmd_wait_ready)
 
     doctor_cmd = sub.add_parser(
