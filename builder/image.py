@@ -30,9 +30,9 @@ from builder import __version__, kernels, progress
 from builder.cache import content_key, sha256_file
 from builder.cuda import sm_name
 from builder.errors import BuilderError
-from builder.manifest import strip_credentials
 from builder.patches import ForkResult
 from builder.target import Target
+from builder.urls import redact
 from builder.wheels import BuiltWheel
 
 LABEL_PREFIX = "io.builder."
@@ -109,8 +109,8 @@ def options_record(options: ImageOptions) -> dict:
     requirements = options.runtime_requirements
     return {
         "base_image": options.base_image,
-        "pip_index_url": strip_credentials(options.pip_index_url),
-        "pip_extra_index_url": strip_credentials(options.pip_extra_index_url),
+        "pip_index_url": redact(options.pip_index_url),
+        "pip_extra_index_url": redact(options.pip_extra_index_url),
         "runtime_requirements": (
             {"file": str(requirements), "sha256": sha256_file(requirements)}
             if requirements

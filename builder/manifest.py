@@ -13,28 +13,17 @@ import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from builder import __version__
 from builder.cache import atomic_write_text
 from builder.errors import BuilderError
 from builder.patches import ForkResult
 from builder.target import Target
+from builder.urls import redact
 from builder.wheels import BuiltWheel
 
 SCHEMA_VERSION = 1
 LATEST = "latest.json"
-
-
-def strip_credentials(url: str) -> str:
-    """A URL safe to record: no user, password or token in it."""
-    parts = urlsplit(url)
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        if parts.port:
-            host = f"{host}:{parts.port}"
-        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-    return url
 
 
 def build_manifest(
@@ -52,7 +41,7 @@ def build_manifest(
     for name, fork in forks.items():
         use = target.upstreams[name]
         upstreams[name] = {
-            "url": strip_credentials(use.fork.url),
+            "url": redact(use.fork.url),
             "ref": use.fork.ref,
             "commit": fork.upstream_commit,
             "version": use.fork.version,

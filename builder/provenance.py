@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pygit2
 
 from builder.errors import BuilderError
+from builder.urls import has_credentials, redact
 
 TRACKED_DATA = ("images", "forks")
 
@@ -44,10 +44,9 @@ def refuse_dirty_push(data_dir: Path, allow_dirty: bool) -> None:
 
 def refuse_credentials_in_build_args(name: str, url: str) -> None:
     """The classic builder stores build arguments in the image history: no secrets there."""
-    parts = urlsplit(url)
-    if parts.username or parts.password:
+    if has_credentials(url):
         raise BuilderError(
-            f"{name}: the URL carries credentials, which would be stored in the image's build "
-            "history; use an index that needs none from the build host, or a netrc/pip.conf "
-            "baked into your base image"
+            f"{name} {redact(url)}: the URL carries credentials, which would be stored in the "
+            "image's build history; point the build at an index or read-only mirror that needs "
+            "no credentials (one on the build host's loopback works with --network-host)"
         )

@@ -29,7 +29,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from builder import progress
 from builder.cache import atomic_copy, atomic_write_text, sha256_file
 from builder.errors import BuilderError
-from builder.manifest import strip_credentials
+from builder.urls import redact
 from builder.wheels import BuiltWheel
 
 JSON_ACCEPT = "application/vnd.pypi.simple.v1+json"
@@ -94,14 +94,11 @@ def read_project(simple_url: str, project: str) -> dict[str, IndexFile]:
         if exc.code == 404:
             return {}
         raise BuilderError(
-            f"index {strip_credentials(simple_url)}: reading {project} answered "
-            f"{exc.code} {exc.reason}"
+            f"index {redact(simple_url)}: reading {project} answered {exc.code} {exc.reason}"
         ) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise BuilderError(
-            f"index {strip_credentials(simple_url)} is unreachable ({reason})"
-        ) from None
+        raise BuilderError(f"index {redact(simple_url)} is unreachable ({reason})") from None
 
 
 def _check_immutable(wheel: BuiltWheel, existing: dict[str, IndexFile], where: str) -> bool:
@@ -120,8 +117,8 @@ def _check_immutable(wheel: BuiltWheel, existing: dict[str, IndexFile], where: s
 
 def _record(index: str, found: IndexFile, action: str) -> dict:
     return {
-        "index": strip_credentials(index),
-        "url": strip_credentials(found.url),
+        "index": redact(index),
+        "url": redact(found.url),
         "sha256": found.sha256,
         "action": action,
     }
@@ -132,7 +129,7 @@ def _verify(simple_url: str, wheel: BuiltWheel, index: str, action: str) -> dict
     if found is None or found.sha256 != wheel.sha256:
         got = "missing" if found is None else f"sha256 {found.sha256}"
         raise BuilderError(
-            f"{strip_credentials(index)}: after publishing, {wheel.filename} resolves as {got}, "
+            f"{redact(index)}: after publishing, {wheel.filename} resolves as {got}, "
             f"expected {wheel.sha256}"
         )
     return _record(index, found, action)
@@ -182,11 +179,11 @@ def _upload(upload_url: str, repository: str | None, wheel: BuiltWheel) -> None:
         if status in (400, 409):
             hint = "the index refused the file (it may exist with other content)"
         raise BuilderError(
-            f"upload of {wheel.filename} to {strip_credentials(upload_url)} failed: "
+            f"upload of {wheel.filename} to {redact(upload_url)} failed: "
             f"{status} {reason}" + (f" ({hint})" if hint else "")
         ) from None
     except requests.ConnectionError:
-        raise BuilderError(f"index {strip_credentials(upload_url)} is unreachable") from None
+        raise BuilderError(f"index {redact(upload_url)} is unreachable") from None
     except twine_errors.TwineException as exc:
         raise BuilderError(f"upload of {wheel.filename}: {exc}") from None
 
@@ -196,7 +193,7 @@ def publish_to_index(
 ) -> dict[str, dict]:
     """Upload the wheels that are not there yet; return {wheel name: verified record}."""
     records: dict[str, dict] = {}
-    where = strip_credentials(upload_url)
+    where = redact(upload_url)
     for wheel in wheels:
         existing = read_project(simple_url, wheel.dist_name)
         if _check_immutable(wheel, existing, where):

@@ -23,6 +23,7 @@ from builder.cache import remove_tree, staging_dir
 from builder.errors import BuilderError
 from builder.settings import Mirrors
 from builder.target import Fork
+from builder.urls import redact
 
 ALL_REFS = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
 _CLEAN_CHECKOUT = (
@@ -104,7 +105,10 @@ def _fetch(repo: pygit2.Repository, url: str, refspecs: list[str], shallow: bool
                         raise
             remote.fetch(refspecs, callbacks=callbacks)
         except pygit2.GitError as exc:
-            raise BuilderError(f"{what}: fetching {url} failed: {exc}") from None
+            raise BuilderError(
+                f"{what}: fetching {redact(url)} failed: {exc} (no access to it from here? "
+                "point it at a mirror with --mirror FROM=TO or BUILDER_MIRRORS)"
+            ) from None
 
 
 def ensure_commit(

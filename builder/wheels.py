@@ -83,9 +83,21 @@ def _cache_inputs(
     }
 
 
+# What an upstream build backend (arbitrary upstream code) gets from builder's environment:
+# nothing else, so no registry password, index token or cloud key reaches it.
+BACKEND_ENV_ALLOWLIST = (
+    "PATH", "HOME", "USER", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TEMP", "TMP",
+)  # fmt: skip
+
+
+def backend_environment(extra: dict[str, str]) -> dict[str, str]:
+    allowed = {k: v for k, v in os.environ.items() if k in BACKEND_ENV_ALLOWLIST}
+    return {**allowed, **extra}
+
+
 def _runner(log_path: Path, extra_env: dict[str, str]):
     def run(cmd, cwd=None, extra_environ=None):
-        env = {**os.environ, **(extra_environ or {}), **extra_env}
+        env = backend_environment({**(extra_environ or {}), **extra_env})
         with log_path.open("ab") as log:
             completed = subprocess.run(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
         if completed.returncode:

@@ -17,7 +17,9 @@ def test_index_url_with_credentials_is_refused_before_any_build(builder: Builder
         env={"DOCKER_HOST": "unix:///nonexistent.sock"},
     )  # fmt: skip
     assert result.returncode == 1
-    assert "--pip-index-url: the URL carries credentials" in result.stderr
+    assert (
+        "--pip-index-url https://pypi.internal/simple: the URL carries credentials" in result.stderr
+    )
     assert "t0ken-xyz" not in result.stderr
 
 

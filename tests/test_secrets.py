@@ -1,0 +1,104 @@
+"""Secrets stay out of upstream code and out of every record."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import build
+import pytest
+
+from builder import wheels
+from builder.urls import has_credentials, redact
+
+RECORDING_BACKEND = """
+import json, os, zipfile
+from pathlib import Path
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    (Path(__file__).parent / "backend-env.json").write_text(json.dumps(dict(os.environ)))
+    name = "recorded-0-py3-none-any.whl"
+    zipfile.ZipFile(Path(wheel_directory) / name, "w").close()
+    return name
+"""
+
+
+def test_an_upstream_build_backend_gets_only_the_allowlisted_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fixture build backend (in-tree, run by `build` through builder's runner) records
+    the environment it was given."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "recorder.py").write_text(RECORDING_BACKEND)
+    (project / "pyproject.toml").write_text(
+        textwrap.dedent(
+            """\
+            [build-system]
+            requires = []
+            build-backend = "recorder"
+            backend-path = ["."]
+            """
+        )
+    )
+    secrets = {
+        "TWINE_PASSWORD": "twine-secret",
+        "BUILDER_REGISTRY_PASSWORD": "registry-secret",
+        "AWS_SECRET_ACCESS_KEY": "aws-secret",
+        "HF_TOKEN": "hf-secret",
+    }
+    for key, value in secrets.items():
+        monkeypatch.setenv(key, value)
+    runner = wheels._runner(tmp_path / "build.log", {"FLASHINFER_LOCAL_VERSION": "sm120.gabc"})
+    builder = build.ProjectBuilder(project, runner=runner)
+    builder.build("wheel", tmp_path / "out")
+
+    seen = json.loads((project / "backend-env.json").read_text())
+    assert not set(secrets) & set(seen)
+    assert not any(value in json.dumps(seen) for value in secrets.values())
+    assert seen["FLASHINFER_LOCAL_VERSION"] == "sm120.gabc"
+    assert seen["PATH"]
+    unexpected = set(seen) - set(wheels.BACKEND_ENV_ALLOWLIST) - {"FLASHINFER_LOCAL_VERSION"}
+    # What `build` and pyproject_hooks add themselves to talk to the backend.
+    assert all(key.startswith(("PEP517", "_PYPROJECT_HOOKS", "PYTHON")) for key in unexpected)
+
+
+@pytest.mark.parametrize(
+    ("url", "secret", "shown"),
+    [
+        ("https://user:pa55@pypi.internal/simple", "pa55", "https://pypi.internal/simple"),
+        ("https://pypi.internal/simple?token=t0k", "t0k", "https://pypi.internal/simple?token=***"),
+        (
+            "https://b.example/w?X-Amz-Signature=s1g&x=1",
+            "s1g",
+            "https://b.example/w?X-Amz-Signature=***&x=1",
+        ),
+        (
+            "https://h.example:8443/simple?access_token=a",
+            "=a",
+            "https://h.example:8443/simple?access_token=***",
+        ),
+    ],
+)
+def test_credentials_in_userinfo_and_query_are_found_and_redacted(url, secret, shown) -> None:
+    assert has_credentials(url)
+    assert redact(url) == shown
+    assert secret not in redact(url)
+
+
+def test_a_plain_url_is_left_alone() -> None:
+    url = "https://pypi.internal/simple?page=2"
+    assert not has_credentials(url)
+    assert redact(url) == url
+
+
+def test_an_index_token_in_a_build_arg_is_refused_before_anything_runs(builder) -> None:
+    result = builder.run(
+        "image", "--pip-index-url", "https://pypi.internal/simple?token=t0ps3cret", check=False
+    )
+    assert result.returncode == 1
+    assert "--pip-index-url https://pypi.internal/simple?token=***" in result.stderr
+    assert "t0ps3cret" not in result.stderr + result.stdout
+    assert "base image" not in result.stderr  # never a hint to bake a secret into an image
+    assert not builder.wheelhouse.exists()
