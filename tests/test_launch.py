@@ -98,7 +98,11 @@ def test_compose_and_unit_carry_the_recipe() -> None:
     assert "start_period: 20m" in compose
     assert '- "flashinfer_cutlass"' in compose
     unit = launch.systemd_unit(recipe, "/opt/sglang")
-    assert "ExecStart=/usr/bin/docker compose up -d" in unit
+    assert "ExecStart=/usr/bin/docker compose up --abort-on-container-exit" in unit
+    assert "Restart=on-failure" in unit and "StartLimitBurst=5" in unit
+    assert "Type=oneshot" not in unit, "a oneshot shows active after the server crashed"
+    spaced = launch.systemd_unit(recipe, "/opt/my models")
+    assert "WorkingDirectory=/opt/my models\n" in spaced
     assert "pkill" not in unit
 
 
