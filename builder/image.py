@@ -175,14 +175,16 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
 
 
-def _existing_keys(client: docker.DockerClient, target: Target) -> dict[str, str]:
-    """Stage keys of the newest image built for this target, to explain a plan."""
+def _existing_keys(client: docker.DockerClient, target: Target) -> dict[str, set[str]]:
+    """Every stage key of the images built for this target here: a stage whose key one of
+    them carries is in the engine's layer cache and will not rebuild."""
     images = client.images.list(filters={"label": f"{LABEL_PREFIX}target={target.name}"})
-    if not images:
-        return {}
-    newest = max(images, key=lambda image: image.attrs.get("Created", ""))
-    labels = newest.labels or {}
-    return {stage: labels.get(f"{LABEL_PREFIX}key.{stage}", "") for stage in STAGES}
+    keys: dict[str, set[str]] = {stage: set() for stage in STAGES}
+    for image in images:
+        labels = image.labels or {}
+        for stage in STAGES:
+            keys[stage].add(labels.get(f"{LABEL_PREFIX}key.{stage}", ""))
+    return keys if images else {}
 
 
 def plan(
@@ -255,7 +257,7 @@ def plan(
             rebuild[stage] = ""
         elif upstream_changed:
             rebuild[stage] = f"follows {upstream_changed}"
-        elif previous.get(stage) == stage_keys[stage]:
+        elif stage_keys[stage] in previous.get(stage, set()):
             rebuild[stage] = ""
         else:
             rebuild[stage] = reasons[stage] if previous else "no earlier image for this target"
