@@ -2,8 +2,9 @@
 
 The target's `[[jit.modules]]` list says, per module, the profile setting that makes sglang
 load it; `disagreements` checks that list against the launch profiles both ways. The
-image's JIT inventory says what was compiled at build time; `runtime_misses` compares a
-server's FlashInfer workspace against it, so a kernel compiled at start-up is named.
+image holds what was compiled at build time; `compiled_in_container` compares a server's
+FlashInfer workspace against it, so a kernel compiled at start-up is named, and a kernel
+pack carries it into the next image.
 """
 
 from __future__ import annotations
@@ -111,19 +112,13 @@ def compiled_in_workspace(workspace: Path) -> list[CompiledModule]:
     return found
 
 
-def _add_file(tar: tarfile.TarFile, name: str, data: bytes, mtime: int = 0) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode = len(data), mtime, 0o644
-    tar.addfile(info, io.BytesIO(data))
-
-
 def write_pack(
     modules: list[CompiledModule], files: dict[str, tuple[bytes, int, int]], out: Path, origin: str
 ) -> Path:
     """A kernel pack: `pack.json` (flashinfer version, arch, modules, sha256 of every file)
     and each module's whole build state (`cached_ops/<name>/`: the .so, the object files,
-    build.ninja and ninja's logs that make ninja see no work; `generated/<name>/`: its
-    generated sources), as one tar named by its content. `files` maps paths relative to
+    build.ninja and ninja's logs that make ninja see no work; under `generated/`, the sources
+    FlashInfer generated for it), as one tar named by its content. `files` maps paths relative to
     `<version>/<arch>/` to (bytes, mode, mtime); mtimes are kept, ninja compares them."""
     versions = {(m.flashinfer_version, m.arch) for m in modules}
     if len(versions) != 1:
@@ -142,10 +137,9 @@ def write_pack(
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"flashinfer-{version}-{arch}-{key}{PACK_SUFFIX}"
     partial = path.with_name(path.name + ".partial")
+    entries = {"pack.json": (body, 0o644, 0), **{name: files[name] for name in sorted(files)}}
     with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tar:
-        _add_file(tar, "pack.json", body)
-        for name in sorted(files):
-            data, mode, mtime = files[name]
+        for name, (data, mode, mtime) in entries.items():
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), mode, mtime
             tar.addfile(info, io.BytesIO(data))
@@ -182,7 +176,7 @@ def harvest_container(container, out: Path) -> tuple[list[CompiledModule], Path 
         # get_archive names entries after the folder it was given: `<name>/...`.
         built = _tar_files(b"".join(chunks), "cached_ops")
         files.update(built)
-        ninja = built.get(f"cached_ops/{module.name}/build.ninja", (b"",))[0]
+        ninja, _, _ = built.get(f"cached_ops/{module.name}/build.ninja", (b"", 0, 0))
         for source in _generated_sources(ninja, arch_root):
             chunks, _ = container.get_archive(source)
             folder = str(Path(source).parent.relative_to(arch_root))

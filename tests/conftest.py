@@ -100,6 +100,15 @@ class Builder:
         return result
 
 
+def builder_in(root: Path, github: Upstreams, docker_host: str | None = None) -> Builder:
+    """A Builder with its own data copy, cache and wheelhouse under `root`."""
+    env = {"DOCKER_HOST": docker_host} if docker_host else {}
+    return Builder(
+        make_data_dir(root / "data", github), root / "cache", github.mirror, root / "wheelhouse",
+        env=env,
+    )  # fmt: skip
+
+
 @pytest.fixture
 def builder(tmp_path: Path, data_dir: Path, github: Upstreams) -> Builder:
     return Builder(data_dir, tmp_path / "cache", github.mirror, tmp_path / "wheelhouse")

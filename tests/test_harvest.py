@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from docker.errors import ImageNotFound
 
-from tests.conftest import REPO_ROOT, Builder, Upstreams, make_data_dir
+from tests.conftest import REPO_ROOT, Builder, Upstreams, builder_in
 from tests.services import free_port
 from tests.test_image import image_args
 from tests.test_readiness import GOOD_INFO, STANDIN
@@ -66,10 +66,7 @@ def _harvest(builder: Builder, docker_host: str, name: str) -> subprocess.Comple
 def test_a_module_compiled_at_start_is_reported_harvested_and_baked_in(
     tmp_path: Path, github: Upstreams, docker_host, docker_client, test_base, runtime_index
 ) -> None:
-    builder = Builder(
-        make_data_dir(tmp_path / "data", github), tmp_path / "cache", github.mirror,
-        tmp_path / "wheelhouse", env={"DOCKER_HOST": docker_host},
-    )  # fmt: skip
+    builder = builder_in(tmp_path, github, docker_host)
     first = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
     reference = first["image"]["reference"]
     assert MISSING_MODULE not in {m["name"] for m in first["image"]["jit_inventory"]["modules"]}
@@ -128,10 +125,7 @@ def test_a_module_compiled_at_start_is_reported_harvested_and_baked_in(
 def test_a_tampered_kernel_pack_fails_the_build_and_names_the_file(
     tmp_path: Path, github: Upstreams, docker_host, docker_client, test_base, runtime_index
 ) -> None:
-    builder = Builder(
-        make_data_dir(tmp_path / "data", github), tmp_path / "cache", github.mirror,
-        tmp_path / "wheelhouse", env={"DOCKER_HOST": docker_host},
-    )  # fmt: skip
+    builder = builder_in(tmp_path, github, docker_host)
     wheels = json.loads(builder.run("wheels", "--json").stdout)["upstreams"]
     version = wheels["flashinfer"]["wheel"]["version"]
     body = {"schema_version": 1, "flashinfer_version": version, "arch": "120a",

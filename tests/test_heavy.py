@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.conftest import Builder, Upstreams, make_data_dir
+from tests.conftest import Upstreams, builder_in
 from tests.test_image import image_args
 
 pytestmark = [pytest.mark.heavy, pytest.mark.docker]
@@ -19,10 +19,7 @@ pytestmark = [pytest.mark.heavy, pytest.mark.docker]
 def test_full_module_list_for_sm_120a(
     tmp_path, github: Upstreams, docker_host, test_base, runtime_index
 ) -> None:
-    builder = Builder(
-        make_data_dir(tmp_path / "data", github), tmp_path / "cache", github.mirror,
-        tmp_path / "wheelhouse", env={"DOCKER_HOST": docker_host},
-    )  # fmt: skip
+    builder = builder_in(tmp_path, github, docker_host)
     args = image_args(test_base, runtime_index, "--json")
     at = args.index("--jit-modules")
     del args[at : at + 2]  # the target's own list

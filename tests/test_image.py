@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REGISTRY_PASSWORD, REGISTRY_USER, Builder, Upstreams, make_data_dir
+from tests.conftest import REGISTRY_PASSWORD, REGISTRY_USER, Builder, Upstreams, builder_in
 
 pytestmark = pytest.mark.docker
 
@@ -44,13 +44,7 @@ def image_args(test_base: str, runtime_index: tuple[str, Path], *extra: str) -> 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, github: Upstreams, docker_host, test_base, runtime_index):
     root = tmp_path_factory.mktemp("image")
-    builder = Builder(
-        make_data_dir(root / "data", github),
-        root / "cache",
-        github.mirror,
-        root / "wheelhouse",
-        env={"DOCKER_HOST": docker_host},
-    )
+    builder = builder_in(root, github, docker_host)
     result = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
     return builder, result["image"], Path(result["manifest"])
 

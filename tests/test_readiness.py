@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, Builder, Upstreams, make_data_dir
+from tests.conftest import REPO_ROOT, Builder, Upstreams, builder_in
 from tests.services import free_port
 
 pytestmark = pytest.mark.docker
@@ -61,10 +61,7 @@ def built_image(tmp_path_factory, github: Upstreams, docker_host, test_base, run
     from tests.test_image import image_args
 
     root = tmp_path_factory.mktemp("healthcheck")
-    builder = Builder(
-        make_data_dir(root / "data", github), root / "cache", github.mirror, root / "wheelhouse",
-        env={"DOCKER_HOST": docker_host},
-    )  # fmt: skip
+    builder = builder_in(root, github, docker_host)
     result = builder.run(*image_args(test_base, runtime_index, "--json"))
     return json.loads(result.stdout)["image"]["reference"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Builder, Upstreams, make_data_dir
+from tests.conftest import Upstreams, builder_in
 from tests.services import CUDA_TOOLKIT, requirement_lines
 from tests.test_image import image_args
 
@@ -28,10 +28,7 @@ def gen_broken_module():
 @pytest.fixture(scope="module")
 def image(tmp_path_factory, github: Upstreams, docker_host, test_base, runtime_index) -> str:
     root = tmp_path_factory.mktemp("warmup")
-    builder = Builder(
-        make_data_dir(root / "data", github), root / "cache", github.mirror, root / "wheelhouse",
-        env={"DOCKER_HOST": docker_host},
-    )  # fmt: skip
+    builder = builder_in(root, github, docker_host)
     return json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)["image"][
         "reference"
     ]

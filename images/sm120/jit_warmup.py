@@ -231,6 +231,9 @@ def age_build_inputs() -> None:
                 os.utime(path, (_OLD_MTIME, _OLD_MTIME))
 
 
+_PACK_FOLDERS = ("cached_ops", "generated")  # relative to FlashInfer's <version>/<arch>/
+
+
 def bake_packs(directory: Path) -> dict[str, str]:
     """Unpack every kernel pack in `directory` into FlashInfer's workspace, each file
     checked against the sha256 in its pack.json; a pack for another flashinfer build or
@@ -257,16 +260,8 @@ def bake_packs(directory: Path) -> dict[str, str]:
                     continue
                 expected = record["files"].get(member.name)
                 parts = Path(member.name).parts
-                if (
-                    not member.isfile()
-                    or expected is None
-                    or ".." in parts
-                    or parts[0]
-                    not in (
-                        "cached_ops",
-                        "generated",
-                    )
-                ):
+                allowed = parts and parts[0] in _PACK_FOLDERS and ".." not in parts
+                if not member.isfile() or expected is None or not allowed:
                     fail(f"kernel pack {pack.name}: unexpected entry {member.name}")
                 data = tar.extractfile(member).read()
                 if hashlib.sha256(data).hexdigest() != expected:
@@ -350,7 +345,8 @@ def main() -> None:
             print(f"jit-warmup: {name} compiled in {seconds[name]:.1f} s", flush=True)
 
     inventory = [
-        prove(name, spec.name, Path(spec.build_dir), wanted, seconds[name], "compiled",
+        prove(name, spec.name, Path(spec.build_dir), wanted, seconds[name],
+              f"pack:{baked[spec.name]}" if spec.name in baked else "compiled",
               expects_device_code=any(Path(src).suffix == ".cu" for src in spec.sources))
         for name, spec in specs.items()
     ]  # fmt: skip
