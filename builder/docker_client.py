@@ -19,6 +19,7 @@ def connect() -> docker.DockerClient:
     except DockerException as exc:
         raise BuilderError(
             f"cannot reach the Docker daemon at {where} ({exc.__class__.__name__}): "
-            "is dockerd running? set DOCKER_HOST to its socket"
+            "start one (`systemctl start docker`; without systemd: `sudo dockerd &`; not "
+            "installed: `apt-get install docker.io`) or set DOCKER_HOST to a running one's socket"
         ) from None
     return client

@@ -72,10 +72,9 @@ class Recipe:
         return command
 
     def shell(self) -> str:
-        """The docker run as one shell line; $HOME stays for the VM's shell to expand."""
-        return " ".join(
-            f'"{part}"' if "$HOME" in part else shlex.quote(part) for part in self.docker_run()
-        )
+        """The docker run as one shell line: every word quoted, except $HOME, which stays for
+        the VM's shell to expand (`shlex.split` of it gives back `docker_run()`)."""
+        return " ".join(_shell_word(part) for part in self.docker_run())
 
     @property
     def published_port(self) -> str:
@@ -253,14 +252,14 @@ def compose_file(recipe: Recipe) -> str:
         f'      - "{recipe.published_port}:{recipe.port}"',
         "    volumes:",
         *[
-            f'      - "{host.replace("$HOME", "${HOME}")}:{container}:{mode}"'
+            f"      - {_compose_value(f'{host}:{container}:{mode}', keep_home=True)}"
             for host, container, mode in recipe.volumes
         ],
         "    environment:",
-        *[f'      {key}: "{value}"' for key, value in sorted(recipe.env.items())],
+        *[f"      {key}: {_compose_value(value)}" for key, value in sorted(recipe.env.items())],
         "      HF_TOKEN: ${HF_TOKEN:-}",
         "    command:",
-        *[f"      - {_yaml_quote(arg)}" for arg in recipe.args],
+        *[f"      - {_compose_value(arg)}" for arg in recipe.args],
         "    # A crash stops the container (no restart loop that hides it); see wait-ready.",
         '    restart: "no"',
         "    healthcheck:  # the image's own check, on the server's --port",
@@ -280,8 +279,22 @@ def compose_file(recipe: Recipe) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _yaml_quote(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+HOME = "$HOME"
+
+
+def _shell_word(part: str) -> str:
+    if HOME not in part:
+        return shlex.quote(part)
+    return '"$HOME"'.join(shlex.quote(piece) if piece else "" for piece in part.split(HOME))
+
+
+def _compose_value(value: str, keep_home: bool = False) -> str:
+    """A YAML double-quoted scalar that compose reads back as `value`: `$` doubled (compose
+    interpolates `$VAR`), except `$HOME` in a volume, which compose takes from the VM."""
+    pieces = value.split(HOME) if keep_home else [value]
+    escaped = "${HOME}".join(piece.replace("$", "$$") for piece in pieces)
+    escaped = escaped.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
 
 
 def systemd_unit(recipe: Recipe, directory: str) -> str:

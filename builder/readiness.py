@@ -137,7 +137,12 @@ class _ContainerWatch:
 
     def quiet_for(self) -> float:
         """Seconds since the container last wrote a log line."""
-        line = self.container.logs(tail=1, timestamps=True)
+        from docker.errors import NotFound
+
+        try:
+            line = self.container.logs(tail=1, timestamps=True)
+        except NotFound:  # removed just now: crashed() says so on the next round
+            return 0.0
         if line != self.last_line:
             self.last_line, self.last_change = line, time.monotonic()
         return time.monotonic() - self.last_change

@@ -7,6 +7,7 @@ detection is tested against real container state, not a heuristic.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from docker.errors import NotFound
 
 from tests.conftest import REPO_ROOT, Builder, Upstreams, builder_in
 from tests.services import free_port
@@ -53,7 +55,8 @@ def standin(docker_client, test_base):
 
     yield start
     for name in started:
-        docker_client.containers.get(name).remove(force=True)
+        with contextlib.suppress(NotFound):  # a test may have removed it
+            docker_client.containers.get(name).remove(force=True)
 
 
 @pytest.fixture(scope="module")

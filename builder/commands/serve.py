@@ -66,7 +66,9 @@ def cmd_launch(args: argparse.Namespace) -> None:
             "or pass --name"
         )
     # The very command `launch` prints, so what runs is what the manifest records.
-    command = [os.path.expandvars(part) for part in recipe.docker_run()]
+    # Only $HOME, as the VM's shell does for the printed line: nothing else is expanded.
+    home = os.path.expanduser("~")
+    command = [part.replace(launch.HOME, home) for part in recipe.docker_run()]
     started = subprocess.run(command, capture_output=True, text=True)
     if started.returncode:
         raise BuilderError(f"docker run failed: {started.stderr.strip().splitlines()[-1]}")
@@ -113,7 +115,11 @@ def _wait(args, url: str, container: str | None, expect: dict, deadline_minutes:
     result = verdict.to_json()
     compiled = None
     if container:
-        compiled = [m.name for m in kernels.compiled_in_container(client.containers.get(container))]
+        try:
+            watched = client.containers.get(container)
+            compiled = [m.name for m in kernels.compiled_in_container(watched)]
+        except NotFound:
+            pass  # removed: nothing left to inspect
         result["flashinfer_compiled_at_start"] = compiled
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
