@@ -210,12 +210,45 @@ def available_targets(data_dir: Path) -> list[str]:
     return sorted(p.parent.name for p in (data_dir / "images").glob("*/target.toml"))
 
 
-def load_target(data_dir: Path, name: str) -> Target:
+def _merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Tables merge key by key; anything else (lists included) is replaced."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merged[key] = _merged(base[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _target_table(data_dir: Path, name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A target's table, with `extends = "other"` merged over the other target's (its
+    Dockerfile path stays relative to the file that names it; `local_label` is never
+    inherited: it defaults to the target's own name)."""
     path = data_dir / "images" / name / "target.toml"
     if not path.is_file():
         known = ", ".join(available_targets(data_dir)) or "none"
-        raise BuilderError(f"unknown target '{name}': no {path} (known targets: {known})")
+        via = f" (extended by {seen[-1]})" if seen else ""
+        raise BuilderError(f"unknown target '{name}'{via}: no {path} (known targets: {known})")
     raw = load_toml(path)
+    image = raw.get("image")
+    if isinstance(image, dict) and isinstance(image.get("dockerfile"), str):
+        image["dockerfile"] = str((path.parent / image["dockerfile"]).resolve())
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    if not isinstance(parent, str):
+        raise BuilderError(f"{path}: field 'extends' must be a target name")
+    if parent in (*seen, name):
+        raise BuilderError(f"{path}: extends '{parent}', which extends it back")
+    base = _target_table(data_dir, parent, (*seen, name))
+    base.pop("local_label", None)
+    return _merged(base, raw)
+
+
+def load_target(data_dir: Path, name: str) -> Target:
+    path = data_dir / "images" / name / "target.toml"
+    raw = _target_table(data_dir, name)
     reader = _Reader(path, raw)
 
     label = reader.get("local_label", str, name)
