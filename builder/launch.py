@@ -212,7 +212,7 @@ def resolve(
         env=env,
         volumes=tuple(volumes),
         port=port,
-        bind=_bind_address(overrides.bind),
+        bind=bind_address(overrides.bind),
         shm_size=profile.get("shm_size", "32g"),
         expect=expect,
         ready_deadline_minutes=int(profile.get("ready_deadline_minutes", 20)),
@@ -221,7 +221,7 @@ def resolve(
     )
 
 
-def _bind_address(value: str) -> str:
+def bind_address(value: str) -> str:
     try:
         return str(ipaddress.ip_address(value.strip("[]")))
     except ValueError:

@@ -165,3 +165,32 @@ def test_patch_that_breaks_python_syntax_never_reaches_the_wheelhouse(builder: B
     line = _error_line(builder.run("wheels", "--upstream", "sglang", check=False))
     assert "sglang/srt/layers/communicator.py does not compile after 0001-" in line
     assert not builder.wheelhouse.exists() or not list(builder.wheelhouse.glob("*.whl"))
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["wheels", "--cache-dir", "/proc/nope"], "/proc/nope: cannot create or write it"),
+        (["wheels", "--cache-dir", "/etc/passwd"], "/etc/passwd: exists and is not a directory"),
+        (["publish", "--index", "not-a-url"], "--index not-a-url: expected an http(s)://HOST/"),
+        (["publish", "--static", "/proc/nope"], "--static /proc/nope: cannot create or write it"),
+        (["publish", "--index", "https://u:pw@idx.example/"], "credentials go in TWINE_USERNAME"),
+        (
+            ["publish", "--index", "https://idx.example/", "--index-simple", "ftp://x/"],
+            "--index-simple ftp://x/: expected an http(s)://HOST/",
+        ),
+        (["image", "--publish", "nope"], "--publish nope: expected an http(s)://HOST/"),
+        (["image", "--publish-static", "/etc/passwd"], "exists and is not a directory"),
+        (["image", "--push", "UPPER/Case"], "--push UPPER/Case: not a valid image repository"),
+        (["image", "--push", "registry.example/ml/x:v1"], "without a tag or digest"),
+        (["image", "--push", "reg.example/x@sha256:00"], "without a tag or digest"),
+        (["deploy-files", "--out", "/proc/nope"], "--out /proc/nope: cannot create or write it"),
+        (["wait-ready", "localhost:30000"], "expected http://HOST:PORT"),
+        (["launch", "--bind", "all"], "--bind all: not an IP address"),
+    ],
+)
+def test_bad_paths_urls_and_references_fail_before_any_work(builder: Builder, args, expected):
+    line = _error_line(builder.run(*args, check=False))
+    assert expected in line
+    assert "pw@" not in line  # a credential is never echoed
+    assert not builder.wheelhouse.exists() and not builder.cache_dir.exists()

@@ -15,10 +15,12 @@ from builder import (
     provenance,
     publish,
     registry,
+    validate,
 )
 from builder.cache import locked
 from builder.commands.common import add_command, context, emit
 from builder.errors import BuilderError
+from builder.urls import has_credentials, redact
 
 
 def _wheelhouse(args: argparse.Namespace, ctx: pipeline.Context) -> Path:
@@ -105,6 +107,9 @@ def cmd_wheels(args: argparse.Namespace) -> None:
 
 
 def cmd_image(args: argparse.Namespace) -> None:
+    _check_publish_args(args, "--publish", "--publish-static")
+    if args.push:
+        validate.repository("--push", args.push)
     ctx = context(args)
     if ctx.only:
         raise BuilderError("--upstream: builder image needs every upstream of the target")
@@ -196,6 +201,21 @@ def cmd_image(args: argparse.Namespace) -> None:
     )
 
 
+def _check_publish_args(args: argparse.Namespace, url_flag: str, static_flag: str) -> None:
+    """Where to publish, checked before anything is built."""
+    if args.publish:
+        validate.http_url(url_flag, args.publish)
+        if has_credentials(args.publish):
+            raise BuilderError(
+                f"{url_flag} {redact(args.publish)}: credentials go in TWINE_USERNAME/"
+                "TWINE_PASSWORD, keyring or ~/.pypirc (--repository), not in the URL"
+            )
+    if args.publish_simple:
+        validate.http_url("--index-simple", args.publish_simple)
+    if args.publish_static:
+        validate.writable_dir(static_flag, args.publish_static)
+
+
 def _publish(args: argparse.Namespace, wheels: dict) -> dict[str, list[dict]]:
     """Publish where the flags say; {wheel name: [verified records]}."""
     published: dict[str, list[dict]] = {name: [] for name in wheels}
@@ -246,6 +266,7 @@ def _publish_options(command: argparse.ArgumentParser, flag: str, static_flag: s
 def cmd_publish(args: argparse.Namespace) -> None:
     if not (args.publish or args.publish_static or args.publish_repository):
         raise BuilderError("builder publish needs --index URL, --repository NAME or --static DIR")
+    _check_publish_args(args, "--index", "--static")
     ctx = context(args)
     forks, wheels = _forks_and_wheels(args, ctx)
     published = _publish(args, wheels)

@@ -6,7 +6,7 @@ import argparse
 import json
 from collections.abc import Callable
 
-from builder import pipeline
+from builder import pipeline, validate
 from builder.settings import (
     CACHE_ENV,
     DATA_ENV,
@@ -61,7 +61,9 @@ def context(args: argparse.Namespace) -> pipeline.Context:
     return pipeline.Context(
         target=load_target(data_dir, args.target),
         data_dir=data_dir,
-        cache_dir=resolve_cache_dir(args.cache_dir),
+        cache_dir=validate.writable_dir(
+            "--cache-dir (or BUILDER_CACHE_DIR)", str(resolve_cache_dir(args.cache_dir))
+        ),
         mirrors=resolve_mirrors(args.mirror),
         only=tuple(args.upstream),
     )

@@ -10,7 +10,16 @@ from pathlib import Path
 
 from docker.errors import ImageNotFound, NotFound
 
-from builder import docker_client, doctor, kernels, launch, manifest, progress, readiness
+from builder import (
+    docker_client,
+    doctor,
+    kernels,
+    launch,
+    manifest,
+    progress,
+    readiness,
+    validate,
+)
 from builder.cache import atomic_write_text
 from builder.commands.common import DEFAULT_TARGET, add_command, emit
 from builder.errors import BuilderError
@@ -19,6 +28,7 @@ from builder.target import load_target
 
 
 def _recipe(args: argparse.Namespace):
+    launch.bind_address(args.bind)  # before looking for a manifest
     data_dir = resolve_data_dir(args.data_dir)
     target = load_target(data_dir, args.target)
     directory = manifest.manifest_dir(data_dir, args.manifest_dir, target.name)
@@ -77,8 +87,8 @@ def cmd_launch(args: argparse.Namespace) -> None:
 
 
 def cmd_deploy_files(args: argparse.Namespace) -> None:
+    out = validate.writable_dir("--out", args.out)
     _, recipe, path = _recipe(args)
-    out = Path(args.out).resolve()
     compose = out / "compose.yaml"
     unit = out / f"sglang-{recipe.profile}.service"
     atomic_write_text(compose, launch.compose_file(recipe))

@@ -1,0 +1,62 @@
+"""Checks of command-line input made before any fetch, build or network call: each failure
+is one BuilderError naming the flag and the value."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from builder.errors import BuilderError
+from builder.urls import redact
+
+# A repository as `docker push` takes it: [host[:port]/]path, lowercase, no tag or digest.
+_HOST = (
+    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*)"
+)
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REPOSITORY = re.compile(rf"^(?:{_HOST}(?::\d+)?/)?{_COMPONENT}(?:/{_COMPONENT})*$")
+
+
+def writable_dir(flag: str, value: str) -> Path:
+    """A directory that exists or can be created, and can be written: proven by making and
+    removing a probe directory in it (or in its nearest existing parent), nothing left."""
+    path = Path(value).expanduser().resolve()
+    if path.exists() and not path.is_dir():
+        raise BuilderError(f"{flag} {value}: exists and is not a directory")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise BuilderError(f"{flag} {value}: {existing} is not a directory")
+    try:
+        Path(tempfile.mkdtemp(prefix=".builder-probe-", dir=existing)).rmdir()
+    except OSError as exc:
+        raise BuilderError(f"{flag} {value}: cannot create or write it ({exc.strerror})") from None
+    return path
+
+
+def http_url(flag: str, value: str) -> str:
+    parts = urlsplit(value)
+    try:
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        parts = parts._replace(netloc="")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BuilderError(f"{flag} {redact(value)}: expected an http(s)://HOST/... URL")
+    return value
+
+
+def repository(flag: str, value: str) -> str:
+    if ":" in value.rsplit("/", 1)[-1] or "@" in value:
+        raise BuilderError(
+            f"{flag} {value}: give a repository without a tag or digest (builder tags the "
+            "image with its inputs)"
+        )
+    if not _REPOSITORY.match(value):
+        raise BuilderError(
+            f"{flag} {value}: not a valid image repository (lowercase [HOST[:PORT]/]PATH, "
+            "e.g. registry.example.com/ml/sglang-sm120)"
+        )
+    return value
