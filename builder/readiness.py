@@ -19,6 +19,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from docker.errors import APIError, NotFound
+
 from builder import progress
 from builder.errors import EXIT_CODES, BuilderError
 
@@ -110,14 +112,12 @@ class _ContainerWatch:
         self.last_change = time.monotonic()
 
     def crashed(self) -> str | None:
-        from docker.errors import NotFound
-
         try:
             self.container.reload()
         except NotFound:
             return f"container {self.container.name} is gone (removed while starting)"
         state = self.container.attrs["State"]
-        if state["Status"] in ("exited", "dead"):
+        if state["Status"] in ("exited", "dead", "removing"):
             return f"container {self.container.name} exited with code {state['ExitCode']}"
         restarts = self.container.attrs["RestartCount"]
         if state.get("Restarting") or restarts > self.restarts:
@@ -128,20 +128,16 @@ class _ContainerWatch:
         return None
 
     def log_tail(self, lines: int = 30) -> str:
-        from docker.errors import NotFound
-
         try:
             return self.container.logs(tail=lines).decode(errors="replace")
-        except NotFound:
+        except APIError:  # removed (404) or being removed (409): no log left to show
             return ""
 
     def quiet_for(self) -> float:
         """Seconds since the container last wrote a log line."""
-        from docker.errors import NotFound
-
         try:
             line = self.container.logs(tail=1, timestamps=True)
-        except NotFound:  # removed just now: crashed() says so on the next round
+        except APIError:  # removed or being removed: crashed() says so on the next round
             return 0.0
         if line != self.last_line:
             self.last_line, self.last_change = line, time.monotonic()

@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from docker.errors import ImageNotFound, NotFound
+from docker.errors import APIError, ImageNotFound, NotFound
 
 from builder import (
     docker_client,
@@ -128,8 +128,8 @@ def _wait(args, url: str, container: str | None, expect: dict, deadline_minutes:
         try:
             watched = client.containers.get(container)
             compiled = [m.name for m in kernels.compiled_in_container(watched)]
-        except NotFound:
-            pass  # removed: nothing left to inspect
+        except APIError:  # removed (404) or being removed (409): nothing left to inspect
+            pass
         result["flashinfer_compiled_at_start"] = compiled
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
