@@ -221,7 +221,7 @@ def plan(
             "wheel": wheels["flashinfer"].sha256,
             "arch": target.arch_list,
             "modules": options.jit_modules,
-            "kernel_packs": {pack.name: sha256_file(pack) for pack in packs},
+            "kernel_packs": [pack.name for pack in packs],  # content-named
         }
     )
     server_key = content_key({"flashinfer": flashinfer_key, "wheel": wheels["sglang"].sha256})

@@ -132,8 +132,8 @@ def write_pack(
         "origin": origin,
         "files": {name: hashlib.sha256(files[name][0]).hexdigest() for name in sorted(files)},
     }
-    body = json.dumps(record, indent=2, sort_keys=True).encode() + b"\n"
-    key = hashlib.sha256(body).hexdigest()[:12]
+    body = _record_body(record)
+    key = _record_key(record)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"flashinfer-{version}-{arch}-{key}{PACK_SUFFIX}"
     partial = path.with_name(path.name + ".partial")
@@ -145,6 +145,16 @@ def write_pack(
             tar.addfile(info, io.BytesIO(data))
     partial.replace(path)
     return path
+
+
+def _record_body(record: dict) -> bytes:
+    return json.dumps(record, indent=2, sort_keys=True).encode() + b"\n"
+
+
+def _record_key(record: dict) -> str:
+    """A pack's name ends in this: its pack.json names every file by sha256, so the name
+    stands for the content, and `builder image` keys on names without reading the tars."""
+    return hashlib.sha256(_record_body(record)).hexdigest()[:12]
 
 
 def _generated_sources(build_ninja: bytes, arch_root: str) -> list[str]:
@@ -227,5 +237,7 @@ def packs_for(directory: Path, flashinfer_version: str, arch_list: tuple[str, ..
         except (tarfile.TarError, KeyError, ValueError) as exc:
             raise BuilderError(f"{path}: not a kernel pack ({exc})") from None
         if record.get("flashinfer_version") == flashinfer_version and record.get("arch") in arches:
+            if not path.name.endswith(f"-{_record_key(record)}{PACK_SUFFIX}"):
+                raise BuilderError(f"{path}: its name does not match its pack.json (edited?)")
             found.append(path)
     return found

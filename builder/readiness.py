@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 
 from docker.errors import APIError, NotFound
 
-from builder import progress
-from builder.errors import EXIT_CODES, BuilderError
+from builder import progress, validate
+from builder.errors import EXIT_CODES
 
 STAGES = ("port", "/health", "/health_generate", "/server_info")
 # Endpoints that answer 503 until the server is there: (timeout s, what a 503 means).
@@ -62,20 +62,6 @@ def _get(url: str, timeout: float) -> tuple[int, bytes]:
         return exc.code, b""
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return 0, b""
-
-
-def validate_url(url: str) -> str:
-    """`http(s)://HOST:PORT` (a path is not allowed: the stages add theirs)."""
-    parts = urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError:
-        port = -1
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
-        raise BuilderError(f"wait-ready URL '{url}': expected http://HOST:PORT")
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise BuilderError(f"wait-ready URL '{url}': give the server root, e.g. http://HOST:PORT")
-    return url.rstrip("/")
 
 
 def _port_open(url: str) -> bool:
@@ -152,9 +138,9 @@ def wait_ready(
     container: str | None = None,
     docker_client=None,
     poll_s: float = 2.0,
-    stall_s: float = 600.0,
+    stall_s: float,
 ) -> Verdict:
-    url = validate_url(url)
+    url = validate.server_url("wait-ready URL", url)
     watch = _ContainerWatch(docker_client, container) if container else None
     started = time.monotonic()
     stage = 0

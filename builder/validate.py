@@ -60,3 +60,17 @@ def repository(flag: str, value: str) -> str:
             "e.g. registry.example.com/ml/sglang-sm120)"
         )
     return value
+
+
+def server_url(what: str, value: str) -> str:
+    """A server root, `http(s)://HOST:PORT` (the readiness stages add their own paths)."""
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+        raise BuilderError(f"{what} '{value}': expected http://HOST:PORT")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise BuilderError(f"{what} '{value}': give the server root, e.g. http://HOST:PORT")
+    return value.rstrip("/")

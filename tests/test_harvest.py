@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from docker.errors import ImageNotFound
 
+from builder import kernels
 from tests.conftest import REPO_ROOT, Builder, Upstreams, builder_in
 from tests.services import free_port
 from tests.test_image import image_args
@@ -128,20 +129,22 @@ def test_a_tampered_kernel_pack_fails_the_build_and_names_the_file(
     builder = builder_in(tmp_path, github, docker_host)
     wheels = json.loads(builder.run("wheels", "--json").stdout)["upstreams"]
     version = wheels["flashinfer"]["wheel"]["version"]
-    body = {"schema_version": 1, "flashinfer_version": version, "arch": "120a",
-            "modules": ["norm"], "origin": "test",
-            "files": {"cached_ops/norm/norm.so": "0" * 64}}  # fmt: skip
     packs = builder.cache_dir / "kernel-packs"
+    module = kernels.CompiledModule(version, "120a", "norm", "/unused")
+    made = kernels.write_pack(
+        [module], {"cached_ops/norm/norm.so": (b"the bytes that were hashed", 0o644, 0)},
+        tmp_path / "made", "test",
+    )  # fmt: skip
+    # Same name and pack.json, other bytes for the module: as if altered on the way.
+    pack = packs / made.name
     packs.mkdir(parents=True)
-    pack = packs / f"flashinfer-{version}-120a-tampered.kernel-pack.tar"
-    with tarfile.open(pack, "w") as tar:
-        for name, data in (
-            ("pack.json", json.dumps(body).encode()),
-            ("cached_ops/norm/norm.so", b"not the bytes that were hashed"),
-        ):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+    with tarfile.open(made) as source, tarfile.open(pack, "w") as tar:
+        for member in source:
+            data = source.extractfile(member).read()
+            if member.name.endswith("norm.so"):
+                data = b"not the bytes that were hashed"
+                member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
     planned = json.loads(
         builder.run(*image_args(test_base, runtime_index, "--plan", "--json")).stdout
     )

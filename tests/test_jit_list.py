@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from builder import kernels, launch
+from builder.errors import BuilderError
 from builder.target import available_targets, load_target
 from tests.conftest import REPO_ROOT
 
@@ -89,3 +90,15 @@ def test_a_module_no_profile_loads_is_named(tmp_path: Path) -> None:
         "flashinfer.jit.comm:gen_trtllm_comm_module: no profile has "
         "enable_flashinfer_allreduce_fusion=true"
     ]
+
+
+def test_a_renamed_kernel_pack_is_refused(tmp_path: Path) -> None:
+    """`builder image` keys packs on their names, which stand for their pack.json."""
+    module = kernels.CompiledModule("0.6.3+sm120.gabc", "120a", "norm", "/unused")
+    files = {"cached_ops/norm/norm.so": (b"so", 0o644, 0)}
+    pack = kernels.write_pack([module], files, tmp_path, "test")
+    assert kernels.packs_for(tmp_path, "0.6.3+sm120.gabc", ("12.0a",)) == [pack]
+    assert kernels.packs_for(tmp_path, "0.6.3+sm120.gother", ("12.0a",)) == []
+    pack.rename(tmp_path / "flashinfer-0.6.3+sm120.gabc-120a-000000000000.kernel-pack.tar")
+    with pytest.raises(BuilderError, match=r"its name does not match its pack\.json"):
+        kernels.packs_for(tmp_path, "0.6.3+sm120.gabc", ("12.0a",))

@@ -205,6 +205,5 @@ def test_the_image_healthcheck_follows_the_servers_port(docker_client, built_ima
                 break
             time.sleep(0.2)
         assert code == 0, output
-        assert port != 30000
     finally:
         container.remove(force=True)

@@ -26,6 +26,10 @@ from builder.errors import BuilderError
 from builder.settings import resolve_data_dir
 from builder.target import load_target
 
+# A start is stalled after this long without a log line (weights print progress; NCCL
+# initialisation stuck on PCIe P2P prints nothing).
+STALL_MINUTES = 10.0
+
 
 def _recipe(args: argparse.Namespace):
     launch.bind_address(args.bind)  # before looking for a manifest
@@ -105,7 +109,6 @@ def cmd_deploy_files(args: argparse.Namespace) -> None:
 
 
 def _wait(args, url: str, container: str | None, expect: dict, deadline_minutes: float) -> None:
-    url = readiness.validate_url(url)
     client = None
     if container:
         client = docker_client.connect()
@@ -120,7 +123,7 @@ def _wait(args, url: str, container: str | None, expect: dict, deadline_minutes:
         container=container,
         docker_client=client,
         poll_s=args.poll,
-        stall_s=getattr(args, "stall_minutes", 10.0) * 60,
+        stall_s=args.stall_minutes * 60,
     )
     result = verdict.to_json()
     compiled = None
@@ -153,7 +156,7 @@ def _compiled_line(compiled: list[str], container: str) -> str:
 
 
 def cmd_wait_ready(args: argparse.Namespace) -> None:
-    readiness.validate_url(args.url)
+    validate.server_url("wait-ready URL", args.url)
     for flag, value in (("--deadline", args.deadline), ("--stall-minutes", args.stall_minutes)):
         if value is not None and value < 0:
             raise BuilderError(f"{flag} {value:g}: must be 0 or more (minutes)")
@@ -307,6 +310,7 @@ def register(sub) -> None:
     launch_options(launch_cmd)
     launch_cmd.add_argument("--run", action="store_true", help="start it here and wait-ready")
     launch_cmd.add_argument("--poll", type=float, default=5.0, help=argparse.SUPPRESS)
+    launch_cmd.set_defaults(stall_minutes=STALL_MINUTES)
 
     deploy = add_command(
         sub,
@@ -348,10 +352,10 @@ def register(sub) -> None:
     wait.add_argument(
         "--stall-minutes",
         type=float,
-        default=10.0,
+        default=STALL_MINUTES,
         metavar="MINUTES",
         help="with --container: no new log line for this long before ready is a stall "
-        "(default: 10)",
+        f"(default: {STALL_MINUTES:g})",
     )
     wait.add_argument("--profile", help="take the expected backends and deadline from a profile")
     wait.add_argument(
