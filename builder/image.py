@@ -26,7 +26,7 @@ from docker.errors import APIError, ImageNotFound, NotFound
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from builder import __version__, kernels, progress
+from builder import __version__, kernel_build, kernel_cache, kernels, progress
 from builder.cache import content_key, sha256_file
 from builder.cuda import sm_name
 from builder.errors import BuilderError
@@ -54,6 +54,8 @@ class ImageOptions:
     network_host: bool
     # Kernel packs (`builder jit harvest`) for this flashinfer build are baked in from here.
     kernel_packs_dir: Path | None = None
+    # An OCI repository where build hosts share compiled kernel entries (None: local only).
+    kernel_registry: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class ImagePlan:
     exists: bool
     base_id: str
     base_digest: str | None
+    kernel_builder: str  # the Dockerfile's kernel-builder stage, tagged by its inputs
     kernel_packs: tuple[Path, ...] = ()
 
     @property
@@ -86,6 +89,7 @@ class ImageResult:
     base_image: str
     base_image_id: str
     base_image_digest: str | None
+    kernel_wheel: BuiltWheel
     pushed: dict | None = None
 
     def to_json(self) -> dict:
@@ -100,6 +104,7 @@ class ImageResult:
                 "id": self.base_image_id,
                 "digest": self.base_image_digest,
             },
+            "kernel_wheel": self.kernel_wheel.filename,
             "pushed": self.pushed,
         }
 
@@ -119,6 +124,7 @@ def options_record(options: ImageOptions) -> dict:
         "jit_modules": list(options.jit_modules),
         "jit_jobs": options.jit_jobs,
         "kernel_packs_dir": str(options.kernel_packs_dir) if options.kernel_packs_dir else None,
+        "kernel_registry": options.kernel_registry,
         "network_host": options.network_host,
     }
 
@@ -224,6 +230,9 @@ def plan(
             "kernel_packs": [pack.name for pack in packs],  # content-named
         }
     )
+    kernel_builder_key = content_key(
+        {"runtime": runtime_key, "wheel": wheels["flashinfer"].sha256, "arch": target.arch_list}
+    )
     server_key = content_key({"flashinfer": flashinfer_key, "wheel": wheels["sglang"].sha256})
     stage_keys = {"runtime": runtime_key, "flashinfer": flashinfer_key, "server": server_key}
     inputs_hash = content_key({"stages": stage_keys, "builder": __version__})
@@ -238,8 +247,6 @@ def plan(
         "PIP_EXTRA_INDEX_URL": options.pip_extra_index_url,
         "JIT_ARCH_LIST": " ".join(target.arch_list),
         "JIT_MODULES": json.dumps(list(options.jit_modules)),
-        "JIT_JOBS": str(options.jit_jobs),
-        "JIT_JOB_MEMORY_GB": str(target.jit_job_memory_gb),
     }
 
     reference = f"{target.image.repository}:{tag}"
@@ -274,6 +281,7 @@ def plan(
         exists=exists,
         base_id=base_id,
         base_digest=base_digest,
+        kernel_builder=f"{target.image.repository}:kernel-builder-{kernel_builder_key[:12]}",
         kernel_packs=tuple(packs),
     )
 
@@ -330,9 +338,6 @@ def recipe_files(target: Target) -> list[Path]:
 def _make_context(
     target: Target, wheels: dict[str, BuiltWheel], image_plan: ImagePlan, directory: Path
 ) -> None:
-    (directory / "jit-packs").mkdir()
-    for pack in image_plan.kernel_packs:
-        shutil.copy2(pack, directory / "jit-packs" / pack.name)
     requirements = image_plan.requirements
     for item in recipe_files(target):
         shutil.copy2(item, directory / item.name)
@@ -345,19 +350,25 @@ def _make_context(
 
 
 def _stream_build(
-    client: docker.DockerClient, context: Path, image_plan: ImagePlan, options: ImageOptions
+    client: docker.DockerClient,
+    context: Path,
+    reference: str,
+    image_plan: ImagePlan,
+    options: ImageOptions,
+    stage: str | None = None,
 ) -> str:
     """Run the build, showing step n/N; the SDK does not raise on a failed step, so we do."""
     recent: deque[str] = deque(maxlen=20)
     image_id = None
     current = ("0", "?", "")
-    with progress.task("docker build", total=None) as bar:
+    with progress.task(f"docker build {stage or 'image'}", total=None) as bar:
         task_id = bar.task_ids[0]
         stream = client.api.build(
             path=str(context),
-            tag=image_plan.reference,
+            tag=reference,
+            target=stage,
             buildargs=image_plan.buildargs,
-            labels=image_plan.labels,
+            labels=image_plan.labels if stage is None else {},
             decode=True,
             rm=True,
             forcerm=True,
@@ -412,6 +423,73 @@ def _check_labels(client: docker.DockerClient, reference: str, expected: dict[st
         raise BuilderError(f"image {reference}: labels {wrong} missing or wrong after the build")
 
 
+def _kernel_wheel(
+    client: docker.DockerClient,
+    target: Target,
+    wheels: dict[str, BuiltWheel],
+    options: ImageOptions,
+    image_plan: ImagePlan,
+    context: Path,
+    cache_dir: Path,
+) -> BuiltWheel:
+    """The kernel wheel for this flashinfer stage: from the cache, or reuse-or-compile in
+    the kernel-builder stage (which the image build then takes from the layer cache)."""
+    stage_key = image_plan.stage_keys["flashinfer"]
+    cached = kernel_build.cached_wheel(cache_dir, stage_key)
+    if cached:
+        progress.info(f"[green]✓[/] kernels: {cached.filename} (cached for this flashinfer stage)")
+        return cached
+    job = _kernel_job(client, target, options, image_plan, context)
+    shared = kernel_cache.SharedKernels(client, options.kernel_registry)
+    with tempfile.TemporaryDirectory(prefix="builder-kernel-wheel-") as tmp:
+        wheel, _ = kernel_build.build(
+            client, job, cache_dir, shared, wheels["flashinfer"], target.name, Path(tmp)
+        )
+        return kernel_build.remember_wheel(cache_dir, stage_key, wheel)
+
+
+def _kernel_job(
+    client: docker.DockerClient,
+    target: Target,
+    options: ImageOptions,
+    image_plan: ImagePlan,
+    context: Path,
+) -> kernel_build.KernelJob:
+    """The kernel-builder stage (built now unless this engine has it) and what to run in it."""
+    try:
+        client.images.get(image_plan.kernel_builder)
+    except ImageNotFound:
+        _stream_build(
+            client, context, image_plan.kernel_builder, image_plan, options, stage="kernel-builder"
+        )
+    return kernel_build.KernelJob(
+        builder_image=image_plan.kernel_builder,
+        modules=options.jit_modules,
+        jobs=options.jit_jobs,
+        job_memory_gb=target.jit_job_memory_gb,
+        packs=image_plan.kernel_packs,
+        network_host=options.network_host,
+    )
+
+
+def kernel_plan(
+    client: docker.DockerClient,
+    target: Target,
+    wheels: dict[str, BuiltWheel],
+    options: ImageOptions,
+    image_plan: ImagePlan,
+    cache_dir: Path,
+) -> list[dict]:
+    """Per module: reuse or compile, and why. The keys come from flashinfer's generators, so
+    the kernel-builder stage is built first when this engine lacks it."""
+    with tempfile.TemporaryDirectory(prefix="builder-context-") as tmp:
+        _make_context(target, wheels, image_plan, Path(tmp))
+        job = _kernel_job(client, target, options, image_plan, Path(tmp))
+    return kernel_build.plan(
+        client, job, cache_dir, kernel_cache.SharedKernels(client, options.kernel_registry)
+    )
+
+
 def build_image(
     client: docker.DockerClient,
     target: Target,
@@ -419,21 +497,34 @@ def build_image(
     wheels: dict[str, BuiltWheel],
     options: ImageOptions,
     image_plan: ImagePlan,
+    cache_dir: Path,
 ) -> ImageResult:
-    if image_plan.exists:
-        progress.info(
-            f"[green]✓[/] image {image_plan.reference} is up to date "
-            "(all stage keys match: nothing built)"
+    with tempfile.TemporaryDirectory(prefix="builder-context-") as tmp:
+        context = Path(tmp)
+        _make_context(target, wheels, image_plan, context)
+        kernels_wheel = _kernel_wheel(
+            client, target, wheels, options, image_plan, context, cache_dir
         )
-    else:
-        labels = {**image_plan.labels, "org.opencontainers.image.created": _now()}
-        built_plan = ImagePlan(**{**image_plan.__dict__, "labels": labels})
-        with tempfile.TemporaryDirectory(prefix="builder-context-") as tmp:
-            _make_context(target, wheels, image_plan, Path(tmp))
+        if image_plan.exists:
+            progress.info(
+                f"[green]✓[/] image {image_plan.reference} is up to date "
+                "(all stage keys match: nothing built)"
+            )
+        else:
+            kernels_folder = context / "wheels" / "kernels"
+            kernels_folder.mkdir(parents=True)
+            shutil.copy2(kernels_wheel.path, kernels_folder / kernels_wheel.filename)
+            labels = {
+                **image_plan.labels,
+                "org.opencontainers.image.created": _now(),
+                f"{LABEL_PREFIX}kernels.wheel": kernels_wheel.filename,
+                f"{LABEL_PREFIX}kernels.wheel-sha256": kernels_wheel.sha256,
+            }
+            built_plan = ImagePlan(**{**image_plan.__dict__, "labels": labels})
             started = time.monotonic()
-            _stream_build(client, Path(tmp), built_plan, options)
+            _stream_build(client, context, image_plan.reference, built_plan, options)
             progress.info(f"image built in {time.monotonic() - started:.0f} s")
-        _check_labels(client, image_plan.reference, image_plan.labels)
+            _check_labels(client, image_plan.reference, image_plan.labels)
     image = client.images.get(image_plan.reference)
     inventory = json.loads(read_file_from_image(client, image_plan.reference, INVENTORY_PATH))
     return ImageResult(
@@ -445,6 +536,7 @@ def build_image(
         base_image=options.base_image,
         base_image_id=image_plan.base_id,
         base_image_digest=image_plan.base_digest,
+        kernel_wheel=kernels_wheel,
     )
 
 

@@ -21,7 +21,8 @@ USERNAME_ENV = "BUILDER_REGISTRY_USERNAME"
 PASSWORD_ENV = "BUILDER_REGISTRY_PASSWORD"
 
 
-def _auth_config() -> dict | None:
+def auth() -> dict | None:
+    """Registry credentials from the environment for the engine (None: the Docker config)."""
     username, password = os.environ.get(USERNAME_ENV), os.environ.get(PASSWORD_ENV)
     if username and password:
         return {"username": username, "password": password}
@@ -45,7 +46,7 @@ def push(client: docker.DockerClient, local_reference: str, repository: str) -> 
     try:
         with progress.task(f"push {repository}:{tag}"):
             for chunk in client.images.push(
-                repository, tag=tag, stream=True, decode=True, auth_config=_auth_config()
+                repository, tag=tag, stream=True, decode=True, auth_config=auth()
             ):
                 if "error" in chunk or "errorDetail" in chunk:
                     error = chunk.get("error") or chunk["errorDetail"].get("message", "")

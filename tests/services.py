@@ -56,9 +56,11 @@ class Daemon:
                 self.process.kill()
 
 
-def start_dockerd(root: Path) -> Daemon:
+def start_dockerd(root: Path, *, second: bool = False) -> Daemon:
+    """The tests' engine (or BUILDER_TEST_DOCKER_HOST's). A `second` engine is always new
+    and has no bridge network, so it can run beside the first: builds use the host's."""
     reuse = os.environ.get("BUILDER_TEST_DOCKER_HOST")
-    if reuse:
+    if reuse and not second:
         return Daemon(reuse, None)
     # A short socket path: unix socket paths are limited to ~108 bytes.
     run = Path(tempfile.mkdtemp(prefix="bt-docker-", dir="/tmp"))
@@ -72,6 +74,7 @@ def start_dockerd(root: Path) -> Daemon:
             "--exec-root", str(run / "exec"),
             "--pidfile", str(run / "d.pid"),
             "-H", f"unix://{socket_path}",
+            *(["--bridge=none", "--iptables=false", "--ip-masq=false"] if second else []),
         ],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
@@ -165,7 +168,8 @@ def _nvcc_version() -> str:
     raise RuntimeError(f"{CUDA_TOOLKIT} pins no nvidia-cuda-nvcc")
 
 
-TEST_BASE = f"builder-test-base:bookworm-cuda{_nvcc_version()}"
+# The suffix changes whenever the recipe below does, so no engine keeps a stale base.
+TEST_BASE = f"builder-test-base:bookworm-cuda{_nvcc_version()}-2"
 
 
 def _pip_download(requirements: list[str], destination: Path, *options: str) -> None:
@@ -287,6 +291,9 @@ def build_test_base(client, workdir: Path) -> str:
             changes=[
                 "ENV PATH=/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "ENV CUDA_HOME=/usr/local/cuda",
+                # As in NVIDIA's CUDA images, the runtime is on the loader path: a FlashInfer
+                # module (linked to libcudart.so.13) loads without a GPU.
+                "ENV LD_LIBRARY_PATH=/usr/local/cuda/lib",
             ],
         )
     image_tar.unlink()

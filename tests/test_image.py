@@ -57,48 +57,61 @@ def _run_in(docker_client, reference: str, script: str) -> str:
 
 
 def test_image_holds_patched_wheels_and_warm_kernels(built, docker_client) -> None:
-    builder, image, _ = built
+    builder, image, manifest_path = built
+    manifest = json.loads(manifest_path.read_text())
     wheels = json.loads(builder.run("wheels", "--json").stdout)["upstreams"]
     script = (
-        "import importlib.metadata as m, json;"
-        "print(json.dumps({d: m.version(d) for d in ('sglang', 'flashinfer-python')}));"
-        "import importlib.util as u; print(u.find_spec('flashinfer_jit_cache') is None)"
+        "import importlib.metadata as m, json, flashinfer_jit_cache as k;"
+        "print(json.dumps({d: m.version(d) for d in "
+        "('sglang', 'flashinfer-python', 'flashinfer-jit-cache')}));"
+        "print(k.FLASHINFER_BUILD)"
     )
-    versions, no_official_cache = _run_in(docker_client, image["reference"], script).splitlines()
+    versions, kernels_for = _run_in(docker_client, image["reference"], script).splitlines()
+    flashinfer_version = wheels["flashinfer"]["wheel"]["version"]
     assert json.loads(versions) == {
         "sglang": wheels["sglang"]["wheel"]["version"],
-        "flashinfer-python": wheels["flashinfer"]["wheel"]["version"],
+        "flashinfer-python": flashinfer_version,
+        # builder's own kernel wheel, never the official one (no sm_120 trtllm_comm)
+        "flashinfer-jit-cache": manifest["wheels"]["kernels"]["version"],
     }
-    assert no_official_cache == "True"
+    assert manifest["wheels"]["kernels"]["version"].startswith(f"{flashinfer_version}.k")
+    assert kernels_for == flashinfer_version
 
     inventory = image["jit_inventory"]
     assert inventory["arch_list"] == ["12.0a"]
     assert {m["name"] for m in inventory["modules"]} == {"norm", "fp4_quantization_120"}
     assert all(m["arch"] == ["sm_120a"] and m["size"] > 100_000 for m in inventory["modules"])
+    assert all(m["source"] == "compiled" and len(m["key"]) == 64 for m in inventory["modules"])
 
 
-def test_container_finds_the_warm_modules_without_compiling(built, docker_client) -> None:
+def test_container_loads_every_module_from_the_kernel_wheel_without_compiling(
+    built, docker_client
+) -> None:
     _, image, _ = built
-    # The same check FlashInfer makes at run time: the module is compiled and its ninja
-    # build (the one FlashInfer would run) has nothing to do. No nvcc is invoked.
+    # FlashInfer's own run-time path (`JitSpec.build_and_load`), with JIT disabled and no
+    # ninja on the PATH: a module not taken from the kernel wheel would raise.
     script = (
-        "import subprocess, flashinfer\n"
+        "import flashinfer\n"
         "from flashinfer.jit.norm import gen_norm_module\n"
-        "spec = gen_norm_module()\n"
-        "out = subprocess.run(['ninja', '-n', '-C', str(spec.build_dir), '-f',"
-        " str(spec.ninja_path)], capture_output=True, text=True).stdout\n"
-        "print(flashinfer.__version__, spec.is_compiled, spec.jit_library_path, out.strip())\n"
+        "from flashinfer.jit.fp4_quantization import gen_fp4_quantization_sm120_module\n"
+        "for gen in (gen_norm_module, gen_fp4_quantization_sm120_module):\n"
+        "    spec = gen()\n"
+        "    spec.build_and_load()\n"
+        "    print(spec.name, spec.aot_path, spec.jit_library_path.exists())\n"
     )
-    output = _run_in(docker_client, image["reference"], script)
-    version, compiled, path, *ninja = output.split()
-    assert version.startswith("0.6.3+sm120.g")
-    assert compiled == "True"
-    assert path.startswith("/opt/flashinfer/.cache/flashinfer/0.6.3+sm120.")
-    assert "/120a/cached_ops/norm/norm.so" in path
-    assert (
-        " ".join(ninja)
-        == f"ninja: Entering directory `{Path(path).parent!s}' ninja: no work to do."
-    )
+    output = docker_client.containers.run(
+        image["reference"],
+        ["-c", f"rm -f \"$(command -v ninja)\" && python -c '{script}'"],
+        entrypoint=["sh"], environment={"FLASHINFER_DISABLE_JIT": "1"},
+        remove=True, network_mode="none",
+    ).decode()  # fmt: skip
+    loaded = {
+        name: (path, built_here) for name, path, built_here in map(str.split, output.splitlines())
+    }
+    assert set(loaded) == {"norm", "fp4_quantization_120"}
+    for name, (path, built_here) in loaded.items():
+        assert path.endswith(f"/site-packages/flashinfer_jit_cache/jit_cache/{name}/{name}.so")
+        assert built_here == "False", "nothing in FlashInfer's JIT workspace"
 
 
 def test_labels_record_provenance(built, docker_client) -> None:
@@ -144,8 +157,8 @@ def test_sglang_patch_change_rebuilds_only_the_server_stage(
         assert rebuilt["image"]["reference"] != image["reference"]
         old_layers = {h["Id"] for h in docker_client.images.get(image["reference"]).history()}
         new_history = docker_client.images.get(rebuilt["image"]["reference"]).history()
-        warmup = [h for h in new_history if "jit_warmup.py --modules" in h["CreatedBy"]]
-        assert warmup and warmup[0]["Id"] in old_layers, "the JIT layer must be reused"
+        kernels = [h for h in new_history if "jit_warmup.py --check" in h["CreatedBy"]]
+        assert kernels and kernels[0]["Id"] in old_layers, "the kernel layer must be reused"
         assert rebuilt["image"]["jit_inventory"] == image["jit_inventory"]
     finally:
         patch.write_text(original)
@@ -198,7 +211,7 @@ def test_missing_base_image_says_how_to_provide_it(built, test_base, runtime_ind
     assert "--base-image" in line and "docker load" in line
 
 
-def test_failing_build_step_names_the_step_and_leaves_no_tag(
+def test_failing_kernel_build_names_the_module_and_leaves_no_tag(
     built, docker_client, test_base, runtime_index
 ) -> None:
     builder, _, _ = built
@@ -207,9 +220,28 @@ def test_failing_build_step_names_the_step_and_leaves_no_tag(
     before = {t for i in docker_client.images.list() for t in i.tags}
     result = builder.run(*args, check=False)
     assert result.returncode == 1
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert (
+        "kernel build failed: cannot load generator flashinfer.jit.norm:gen_no_such_module" in line
+    )
+    assert {t for i in docker_client.images.list() for t in i.tags} == before
+    assert not docker_client.containers.list(all=True), "the kernel container is removed"
+
+
+def test_failing_build_step_names_the_step_and_leaves_no_tag(
+    built, docker_client, test_base, runtime_index, tmp_path
+) -> None:
+    builder, _, _ = built
+    index_url, requirements = runtime_index
+    broken = tmp_path / "requirements.txt"
+    broken.write_text(requirements.read_text() + "no-such-package-for-builder==1.0\n")
+    args = image_args(test_base, (index_url, broken))
+    before = {t for i in docker_client.images.list() for t in i.tags}
+    result = builder.run(*args, check=False)
+    assert result.returncode == 1
     assert "image build failed at step" in result.stderr
-    assert "jit_warmup.py" in result.stderr
-    assert "cannot load generator flashinfer.jit.norm:gen_no_such_module" in result.stderr
+    assert "pip install -r /opt/builder/requirements-runtime.txt" in result.stderr
+    assert "no-such-package-for-builder" in result.stderr
     assert {t for i in docker_client.images.list() for t in i.tags} == before
 
 
@@ -240,11 +272,13 @@ def test_manifest_records_exactly_what_was_built(built, docker_client) -> None:
     assert manifest["image"]["image_id"] == docker_client.images.get(image["reference"]).id
     assert manifest["image"]["pushed"] is None, "nothing was pushed: nothing claimed"
     assert manifest["jit_cache"] == image["jit_inventory"]
+    assert set(manifest["wheels"]) == {"sglang", "flashinfer", "kernels"}
     for name, wheel in manifest["wheels"].items():
         on_disk = builder.wheelhouse / wheel["filename"]
         assert hashlib.sha256(on_disk.read_bytes()).hexdigest() == wheel["sha256"]
         assert wheel["published"] == []
-        assert manifest["upstreams"][name]["fork_commit"][:7] in wheel["version"]
+        fork = manifest["upstreams"]["flashinfer" if name == "kernels" else name]
+        assert fork["fork_commit"][:7] in wheel["version"]
     recipe = manifest["launch"]["glm5-nvfp4-tp8"]
     assert recipe["image"] == image["reference"]
     assert "flashinfer_cutlass" in recipe["args"]

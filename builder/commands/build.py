@@ -3,24 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 from pathlib import Path
 
 from builder import (
     docker_client,
     image,
+    kernel_wheel,
     kernels,
     launch,
     manifest,
     pipeline,
+    progress,
     provenance,
     publish,
     registry,
     validate,
 )
-from builder.cache import locked
+from builder.cache import atomic_copy, locked, sha256_file
 from builder.commands.common import add_command, context, emit
 from builder.errors import BuilderError
 from builder.urls import has_credentials, redact
+from builder.wheels import BuiltWheel
+
+KERNEL_REGISTRY_ENV = "BUILDER_KERNEL_REGISTRY"
 
 
 def _wheelhouse(args: argparse.Namespace, ctx: pipeline.Context) -> Path:
@@ -110,6 +117,8 @@ def cmd_image(args: argparse.Namespace) -> None:
     _check_publish_args(args, "--publish", "--publish-static")
     if args.push:
         validate.repository("--push", args.push)
+    if args.kernel_registry:
+        validate.repository("--kernel-registry", args.kernel_registry)
     ctx = context(args)
     if ctx.only:
         raise BuilderError("--upstream: builder image needs every upstream of the target")
@@ -131,6 +140,7 @@ def cmd_image(args: argparse.Namespace) -> None:
         jit_jobs=args.jit_jobs,
         network_host=args.network_host,
         kernel_packs_dir=kernels.packs_dir(ctx.cache_dir),
+        kernel_registry=args.kernel_registry or os.environ.get(KERNEL_REGISTRY_ENV) or None,
     )
     if options.runtime_requirements and not options.runtime_requirements.is_file():
         raise BuilderError(f"--runtime-requirements {options.runtime_requirements}: no such file")
@@ -157,12 +167,20 @@ def cmd_image(args: argparse.Namespace) -> None:
         lines = [f"image {image_plan.reference}"]
         for stage, why in image_plan.rebuild.items():
             lines.append(f"  {stage:<10} {'rebuild: ' + why if why else 'cached'}")
+        result["kernels"] = image.kernel_plan(
+            client, target, wheels, options, image_plan, ctx.cache_dir
+        )
+        for module in result["kernels"]:
+            lines.append(
+                f"  kernel     {module['name'][:48]}: {module['reason']} (entry: {module['entry']})"
+            )
         if args.push:
             lines.append(f"  then push to {args.push}")
         emit(args, result, lines)
         return
 
-    result = image.build_image(client, target, forks, wheels, options, image_plan)
+    result = image.build_image(client, target, forks, wheels, options, image_plan, ctx.cache_dir)
+    wheels = {**wheels, "kernels": _into_wheelhouse(result.kernel_wheel, _wheelhouse(args, ctx))}
     if args.push:
         result.pushed = registry.push(client, result.reference, args.push)
     publish_error = None
@@ -199,6 +217,36 @@ def cmd_image(args: argparse.Namespace) -> None:
         {"target": target.name, "image": image_record, "manifest": str(written)},
         lines,
     )
+
+
+def _latest_kernel_wheel(wheelhouse: Path, flashinfer: BuiltWheel | None) -> BuiltWheel | None:
+    """The kernel wheel `builder image` last put in the wheelhouse for this flashinfer build."""
+    if flashinfer is None:
+        return None
+    pattern = f"{kernel_wheel.PACKAGE}-{flashinfer.version}.k*-py3-none-*.whl"
+    found = sorted(wheelhouse.glob(pattern), key=lambda path: path.stat().st_mtime)
+    if not found:
+        return None
+    path = found[-1]
+    return BuiltWheel(
+        name="kernels",
+        dist_name=kernel_wheel.DIST_NAME,
+        version=path.name.split("-")[1],
+        filename=path.name,
+        sha256=sha256_file(path),
+        size=path.stat().st_size,
+        cache_key=path.name.split("-")[1],
+        cached=True,
+        path=path,
+    )
+
+
+def _into_wheelhouse(wheel: BuiltWheel, wheelhouse: Path) -> BuiltWheel:
+    """The kernel wheel beside the others, so `builder publish` ships it too."""
+    destination = wheelhouse / wheel.filename
+    if not destination.is_file() or sha256_file(destination) != wheel.sha256:
+        atomic_copy(wheel.path, destination)
+    return dataclasses.replace(wheel, path=destination)
 
 
 def _check_publish_args(args: argparse.Namespace, url_flag: str, static_flag: str) -> None:
@@ -269,6 +317,14 @@ def cmd_publish(args: argparse.Namespace) -> None:
     _check_publish_args(args, "--index", "--static")
     ctx = context(args)
     forks, wheels = _forks_and_wheels(args, ctx)
+    kernel_wheel = _latest_kernel_wheel(_wheelhouse(args, ctx), wheels.get("flashinfer"))
+    if kernel_wheel:
+        wheels["kernels"] = kernel_wheel
+    elif "flashinfer" in wheels:
+        progress.info(
+            "no kernel wheel for this flashinfer build in the wheelhouse yet "
+            "(`builder image` makes it): publishing without one"
+        )
     published = _publish(args, wheels)
     record = manifest.build_manifest(ctx.target, forks, wheels, published=published)
     tag = "publish-" + "-".join(f.fork_commit[:7] for f in forks.values())
@@ -363,6 +419,13 @@ def register(sub) -> None:
         metavar="A;B",
         help="';'-separated FlashInfer generators to pre-compile, e.g. "
         "'flashinfer.jit.norm:gen_norm_module' (default: the target's [[jit.modules]])",
+    )
+    image_cmd.add_argument(
+        "--kernel-registry",
+        metavar="REGISTRY/REPO",
+        help="share compiled kernels with other build hosts through this OCI repository: "
+        "entries are pulled by key before compiling and new ones pushed (credentials as for "
+        f"--push; env {KERNEL_REGISTRY_ENV}; default: this host's cache only)",
     )
     image_cmd.add_argument(
         "--jit-jobs",

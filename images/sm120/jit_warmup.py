@@ -1,16 +1,24 @@
-"""Pre-compile FlashInfer JIT modules inside the image build, without a GPU.
+"""Pre-compile FlashInfer JIT modules without a GPU, reusing every module whose inputs are
+unchanged; and check an image's installed kernels.
 
-Runs in the image with only the standard library and the installed flashinfer. For each
-generator `package.module:function` it writes the module's ninja file (exactly what
-FlashInfer would write at run time), then runs the same `ninja -C <dir>` FlashInfer runs, in
-parallel, so each module's own build log says "up to date" when a server starts. The first
-module that fails stops every other compile at once and prints that module's compiler
-output. Then it proves the result: every module's .so exists, a module with CUDA sources
-holds code for every requested arch (cuobjdump), a host-only module (spdlog) is recorded as
-such, and ninja has no work left. The inventory (with the nvcc version) goes to --inventory.
+Runs with only the standard library and the installed flashinfer (in the image's
+kernel-builder stage, or on a GPU host). For each generator `package.module:function` it
+writes the module's ninja file (exactly what FlashInfer writes at run time) and computes the
+module's lookup key: the module name, that ninja file (compile flags, arch, source paths),
+the contents of its sources (generated ones included), the nvcc version and the arch list.
+An entry (`--entries`, `<key>.kernel.tar`) made by an earlier build is reused when every
+file it recorded as an input (the sources and every header nvcc read, from ninja's deps)
+still has the same sha256; otherwise the module compiles, in parallel with the others, with
+the same `ninja -C <dir>` FlashInfer runs. The first failure stops every other compile and
+prints that module's compiler output. Each result is proved (its .so, its GPU code per arch
+by cuobjdump, ninja has no work left) and written to --inventory; with --out, every
+module's .so and an entry for each newly compiled module go there too.
 
     FLASHINFER_CUDA_ARCH_LIST=12.0a python jit_warmup.py --modules '["a:gen_x", "b:gen_y(1)"]' \
-        --jobs 0 --job-memory-gb 6 --inventory /opt/builder/jit-inventory.json
+        --entries /in --out /out --inventory /out/inventory.json
+
+--plan only decides (reuse or compile, and why). --check runs where the kernel wheel is
+installed: every module must load from FlashInfer's AOT folder, byte for byte as built.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import concurrent.futures
 import contextlib
 import hashlib
 import importlib
+import io
 import json
 import os
 import re
@@ -172,25 +181,34 @@ def nvcc_version() -> str:
     return found.group(1)
 
 
-def prove(
-    label: str,
-    name: str,
-    build_dir: Path,
-    wanted: list[str],
-    seconds: float,
-    source: str,
-    *,
-    expects_device_code: bool,
+def library_record(
+    label: str, name: str, library: Path, wanted: list[str], *, expects_device_code: bool
 ) -> dict:
-    """The inventory entry of a module, once its .so, its GPU code and ninja's verdict are
-    checked: what FlashInfer will find at run time without compiling."""
-    library = build_dir / f"{name}.so"
+    """A module's .so as the inventory lists it, once its GPU code is checked per arch."""
     if not library.is_file():
-        fail(f"{label}: {library} is missing after the build")
+        fail(f"{label}: {library} is missing")
     arches = elf_arches(library)
     missing = [arch for arch in wanted if arch not in arches]
     if (arches or expects_device_code) and missing:
         fail(f"{label}: {library.name} holds {arches or 'no GPU code'}, not {missing}")
+    return {
+        "module": label,
+        "name": name,
+        "file": f"{name}/{name}.so",  # in FlashInfer's AOT folder (the kernel wheel)
+        "size": library.stat().st_size,
+        "sha256": sha256(library),
+        "arch": arches,
+        "device_code": bool(arches),
+    }
+
+
+def prove(
+    label: str, name: str, build_dir: Path, wanted: list[str], *, expects_device_code: bool
+) -> dict:
+    """The record of a module just built here, once ninja also says it has no work left."""
+    record = library_record(
+        label, name, build_dir / f"{name}.so", wanted, expects_device_code=expects_device_code
+    )
     dry_run = subprocess.run(
         ["ninja", "-C", str(build_dir), "-f", str(build_dir / "build.ninja"), "-n"],
         capture_output=True,
@@ -198,20 +216,7 @@ def prove(
     )
     if "no work to do" not in dry_run.stdout:
         fail(f"{label}: ninja still has work after the build:\n{dry_run.stdout[-2000:]}")
-    workspace = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE", Path.home()))
-    return {
-        "module": label,
-        "name": name,
-        "file": str(library.relative_to(workspace))
-        if library.is_relative_to(workspace)
-        else str(library),
-        "size": library.stat().st_size,
-        "sha256": sha256(library),
-        "arch": arches,
-        "device_code": bool(arches),
-        "compile_seconds": round(seconds, 1),
-        "source": source,
-    }
+    return record
 
 
 # Before any module is compiled or unpacked: an old, fixed mtime on the files a module's
@@ -277,6 +282,87 @@ def bake_packs(directory: Path) -> dict[str, str]:
     return baked
 
 
+ENTRY_SUFFIX = ".kernel.tar"
+ENTRY_SCHEMA = 1
+
+
+def lookup_key(spec, compiler: str, arch_list: list[str]) -> str:
+    """What names a module's entry before anything compiles: its ninja file (flags, arch,
+    source paths), its sources' contents, nvcc and the arch list. Headers are checked after
+    the lookup, against the entry's recorded inputs."""
+    spec.write_ninja()
+    record = {
+        "name": spec.name,
+        "ninja": Path(spec.ninja_path).read_text(),
+        "sources": {str(s): sha256(Path(s)) for s in sorted(map(str, spec.sources))},
+        "nvcc": compiler,
+        "arch_list": arch_list,
+    }
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
+def recorded_inputs(spec) -> dict[str, str]:
+    """Every file the compile read, as ninja's deps log holds it (nvcc's dependency output:
+    sources and every header, system ones included), with its sha256."""
+    result = subprocess.run(
+        ["ninja", "-C", str(spec.build_dir), "-f", str(spec.ninja_path), "-t", "deps"],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode:
+        fail(f"{spec.name}: `ninja -t deps` failed: {result.stderr.strip()}")
+    paths = {str(s) for s in spec.sources}
+    paths.update(line.strip() for line in result.stdout.splitlines() if line.startswith(" "))
+    return {path: sha256(Path(path)) for path in sorted(paths) if Path(path).is_file()}
+
+
+def content_key(lookup: str, inputs: dict[str, str]) -> str:
+    """The module's key: its lookup key and the contents of every input."""
+    body = json.dumps({"lookup": lookup, "inputs": inputs}, sort_keys=True).encode()
+    return hashlib.sha256(body).hexdigest()
+
+
+def read_entry(path: Path, name: str) -> tuple[dict | None, bytes, str]:
+    """(record, .so bytes, "") of a usable entry, or (None, b"", why it cannot be used)."""
+    try:
+        with tarfile.open(path) as tar:
+            record = json.load(tar.extractfile("entry.json"))
+            library = tar.extractfile(f"{name}.so").read()
+    except (OSError, tarfile.TarError, KeyError, ValueError, AttributeError) as exc:
+        return None, b"", f"entry {path.name} unreadable ({exc.__class__.__name__})"
+    if record.get("schema_version") != ENTRY_SCHEMA or record.get("name") != name:
+        return None, b"", f"entry {path.name} is not an entry for {name}"
+    if hashlib.sha256(library).hexdigest() != record.get("sha256"):
+        return None, b"", f"entry {path.name}: {name}.so does not match its sha256"
+    if content_key(record["lookup"], record["inputs"]) != record.get("key"):
+        return None, b"", f"entry {path.name}: its key does not match its inputs"
+    return record, library, ""
+
+
+def changed_inputs(record: dict) -> list[str]:
+    return [
+        path
+        for path, digest in record["inputs"].items()
+        if not Path(path).is_file() or sha256(Path(path)) != digest
+    ]
+
+
+def write_entry(out: Path, record: dict, library: Path) -> Path:
+    """`<lookup key>.kernel.tar`: entry.json (key, inputs, sha256) and the module's .so."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{record['lookup']}{ENTRY_SUFFIX}"
+    body = json.dumps(record, indent=2, sort_keys=True).encode() + b"\n"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("entry.json")
+        info.size, info.mode = len(body), 0o644
+        tar.addfile(info, io.BytesIO(body))
+        info = tarfile.TarInfo(f"{record['name']}.so")
+        info.size, info.mode = library.stat().st_size, 0o755
+        with library.open("rb") as handle:
+            tar.addfile(info, handle)
+    return path
+
+
 def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -285,48 +371,32 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--modules", required=True, help='JSON list of "package.module:gen_function(args)"'
-    )
-    parser.add_argument(
-        "--jobs", type=int, default=0, help="compile jobs (0: from cores and memory)"
-    )
-    parser.add_argument("--job-memory-gb", type=float, default=6.0, help="peak memory per job")
-    parser.add_argument("--inventory", required=True, type=Path)
-    parser.add_argument(
-        "--packs", type=Path, help="folder of kernel packs (builder jit harvest) to unpack first"
-    )
-    args = parser.parse_args()
+def has_device_code(spec) -> bool:
+    return any(Path(src).suffix == ".cu" for src in spec.sources)
 
-    arch_list = os.environ.get("FLASHINFER_CUDA_ARCH_LIST", "").split()
-    if not arch_list:
-        fail("FLASHINFER_CUDA_ARCH_LIST is empty: with no GPU every module would fail (sm75)")
-    wanted = ["sm_" + arch.replace(".", "") for arch in arch_list]
-    try:
-        names = [str(m).strip() for m in json.loads(args.modules) if str(m).strip()]
-    except (ValueError, TypeError):
-        fail(f"--modules must be a JSON list of generator entries, not {args.modules!r}")
-    if not names:
-        fail("--modules is empty")
 
-    jobs, why = job_budget(args.jobs, args.job_memory_gb)
-    compiler = nvcc_version()
-    age_build_inputs()
-    baked = bake_packs(args.packs) if args.packs and args.packs.is_dir() else {}
-    specs = {name: load_spec(name) for name in names}
-    # Split the job budget between modules compiled at once; each ninja gets a share.
+def decide(spec, lookup: str, entries: Path | None) -> tuple[dict | None, bytes, str]:
+    """(entry record, .so bytes, why) to reuse a module, or (None, b"", why) to compile it."""
+    path = entries / f"{lookup}{ENTRY_SUFFIX}" if entries else None
+    if path is None or not path.is_file():
+        return None, b"", "compile: no entry with this key"
+    record, library, problem = read_entry(path, spec.name)
+    if problem:
+        print(f"jit-warmup: warning: {problem}; compiling {spec.name} again", flush=True)
+        return None, b"", f"compile: {problem}"
+    changed = changed_inputs(record)
+    if changed:
+        return None, b"", f"compile: {len(changed)} input(s) changed, first {changed[0]}"
+    return record, library, f"reuse: its {len(record['inputs'])} inputs are unchanged"
+
+
+def compile_all(specs: dict, jobs: int) -> dict[str, float]:
+    """Compile every module in parallel (its own share of the jobs); seconds per module."""
+    seconds: dict[str, float] = {}
+    if not specs:
+        return seconds
     at_once = min(jobs, len(specs))
     per_module = max(1, jobs // at_once)
-    print(
-        f"jit-warmup: {len(specs)} modules for {' '.join(arch_list)} with nvcc {compiler}, "
-        f"jobs {why}",
-        flush=True,
-    )
-
-    started = time.monotonic()
-    seconds: dict[str, float] = {}
     builds = FirstFailure()
     with concurrent.futures.ThreadPoolExecutor(max_workers=at_once) as pool:
         futures = {pool.submit(builds.compile, n, s, per_module): n for n, s in specs.items()}
@@ -343,13 +413,123 @@ def main() -> None:
                     f"stopped:\n{tail}"
                 )
             print(f"jit-warmup: {name} compiled in {seconds[name]:.1f} s", flush=True)
+    return seconds
 
-    inventory = [
-        prove(name, spec.name, Path(spec.build_dir), wanted, seconds[name],
-              f"pack:{baked[spec.name]}" if spec.name in baked else "compiled",
-              expects_device_code=any(Path(src).suffix == ".cu" for src in spec.sources))
-        for name, spec in specs.items()
-    ]  # fmt: skip
+
+def check_installed(names: list[str], wanted: list[str], inventory: Path) -> None:
+    """Every module loads from FlashInfer's AOT folder (the kernel wheel), never compiled:
+    present, byte for byte what was built, with GPU code for every arch."""
+    os.environ["FLASHINFER_DISABLE_JIT"] = "1"
+    from flashinfer.jit import env as jit_env
+
+    aot = Path(jit_env.FLASHINFER_AOT_DIR)
+    try:
+        built = json.loads((aot.parent / "inventory.json").read_text())
+    except OSError:
+        fail(f"no kernel wheel: {aot.parent / 'inventory.json'} is missing")
+    recorded = {module["name"]: module for module in built["modules"]}
+    for name in names:
+        spec = load_spec(name)
+        if not spec.is_aot:
+            fail(f"{name}: {spec.aot_path} is missing: the kernel wheel lacks {spec.name}")
+        entry = recorded.get(spec.name)
+        if entry is None or sha256(spec.aot_path) != entry["sha256"]:
+            fail(f"{name}: {spec.aot_path} is not the module the kernel wheel records")
+        library_record(name, spec.name, spec.aot_path, wanted,
+                       expects_device_code=has_device_code(spec))  # fmt: skip
+    inventory.parent.mkdir(parents=True, exist_ok=True)
+    inventory.write_text(json.dumps({**built, "aot_dir": str(aot)}, indent=2) + "\n")
+    print(f"jit-warmup: {len(names)} modules load from {aot} without compiling", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--modules", required=True, help='JSON list of "package.module:gen_function(args)"'
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=0, help="compile jobs (0: from cores and memory)"
+    )
+    parser.add_argument("--job-memory-gb", type=float, default=6.0, help="peak memory per job")
+    parser.add_argument("--inventory", required=True, type=Path)
+    parser.add_argument(
+        "--packs", type=Path, help="folder of kernel packs (builder jit harvest) to unpack first"
+    )
+    parser.add_argument("--entries", type=Path, help="folder of entries from earlier builds")
+    parser.add_argument("--out", type=Path, help="write each .so and the new entries here")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--plan", action="store_true", help="decide reuse or compile, only")
+    mode.add_argument("--check", action="store_true", help="check the installed kernel wheel")
+    args = parser.parse_args()
+
+    arch_list = os.environ.get("FLASHINFER_CUDA_ARCH_LIST", "").split()
+    if not arch_list:
+        fail("FLASHINFER_CUDA_ARCH_LIST is empty: with no GPU every module would fail (sm75)")
+    wanted = ["sm_" + arch.replace(".", "") for arch in arch_list]
+    try:
+        names = [str(m).strip() for m in json.loads(args.modules) if str(m).strip()]
+    except (ValueError, TypeError):
+        fail(f"--modules must be a JSON list of generator entries, not {args.modules!r}")
+    if not names:
+        fail("--modules is empty")
+    if args.check:
+        check_installed(names, wanted, args.inventory)
+        return
+    if args.entries and not (args.out or args.plan):
+        fail("--entries needs --out: a reused module's .so is written there")
+
+    jobs, why = job_budget(args.jobs, args.job_memory_gb)
+    compiler = nvcc_version()
+    age_build_inputs()
+    baked = bake_packs(args.packs) if args.packs and args.packs.is_dir() else {}
+    specs = {name: load_spec(name) for name in names}
+    lookups = {name: lookup_key(spec, compiler, arch_list) for name, spec in specs.items()}
+    decisions = {name: decide(spec, lookups[name], args.entries) for name, spec in specs.items()}
+    args.inventory.parent.mkdir(parents=True, exist_ok=True)
+    if args.plan:
+        plan = [
+            {"module": name, "name": specs[name].name, "lookup": lookups[name], "reason": why}
+            for name, (_, _, why) in decisions.items()
+        ]
+        args.inventory.write_text(json.dumps({"plan": plan}, indent=2) + "\n")
+        return
+    to_compile = {name: spec for name, spec in specs.items() if decisions[name][0] is None}
+    print(
+        f"jit-warmup: {len(specs)} modules for {' '.join(arch_list)} with nvcc {compiler}: "
+        f"{len(specs) - len(to_compile)} reused, {len(to_compile)} to compile, jobs {why}",
+        flush=True,
+    )
+    started = time.monotonic()
+    seconds = compile_all(to_compile, jobs)
+
+    inventory = []
+    for name, spec in specs.items():
+        record, library, reason = decisions[name]
+        device = has_device_code(spec)
+        if record is None:
+            entry = prove(name, spec.name, Path(spec.build_dir), wanted, expects_device_code=device)
+            inputs = recorded_inputs(spec)
+            entry.update(lookup=lookups[name], key=content_key(lookups[name], inputs))
+            entry["source"] = f"pack:{baked[spec.name]}" if spec.name in baked else "compiled"
+            entry["compile_seconds"] = round(seconds[name], 1)
+            built = Path(spec.build_dir) / f"{spec.name}.so"
+            if args.out:
+                stored = {**entry, "schema_version": ENTRY_SCHEMA, "inputs": inputs,
+                          "flashinfer_version": flashinfer_version(), "nvcc_version": compiler,
+                          "arch_list": arch_list}  # fmt: skip
+                write_entry(args.out / "entries", stored, built)
+        else:
+            built = args.out / "modules" / spec.name / f"{spec.name}.so"
+            built.parent.mkdir(parents=True, exist_ok=True)
+            built.write_bytes(library)
+            entry = library_record(name, spec.name, built, wanted, expects_device_code=device)
+            entry.update(lookup=record["lookup"], key=record["key"], source="reused",
+                         compile_seconds=0.0)  # fmt: skip
+        entry["reason"] = reason
+        if args.out:
+            keep(built, args.out / "modules" / spec.name / f"{spec.name}.so")
+        inventory.append(entry)
+
     from flashinfer.jit import env as jit_env
 
     listed = {entry["name"] for entry in inventory}
@@ -357,20 +537,34 @@ def main() -> None:
         if module not in listed:
             build_dir = Path(jit_env.FLASHINFER_JIT_DIR) / module
             device = ": cuda_compile " in (build_dir / "build.ninja").read_text()
-            inventory.append(
-                prove(f"kernel pack {pack}", module, build_dir, wanted, 0.0, f"pack:{pack}",
-                      expects_device_code=device)
-            )  # fmt: skip
-    args.inventory.parent.mkdir(parents=True, exist_ok=True)
+            entry = prove(f"kernel pack {pack}", module, build_dir, wanted,
+                          expects_device_code=device)  # fmt: skip
+            entry.update(source=f"pack:{pack}", compile_seconds=0.0, reason="from a kernel pack")
+            if args.out:
+                keep(build_dir / f"{module}.so", args.out / "modules" / module / f"{module}.so")
+            inventory.append(entry)
     result = {
         "arch_list": arch_list,
         "nvcc_version": compiler,
+        "flashinfer_version": flashinfer_version(),
         "jobs": jobs,
         "seconds": round(time.monotonic() - started, 1),
         "modules": inventory,
     }
     args.inventory.write_text(json.dumps(result, indent=2) + "\n")
     print(f"jit-warmup: done in {result['seconds']} s: {args.inventory}", flush=True)
+
+
+def keep(library: Path, destination: Path) -> None:
+    if library.resolve() != destination.resolve():
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(library, destination)
+
+
+def flashinfer_version() -> str:
+    import flashinfer
+
+    return flashinfer.__version__
 
 
 if __name__ == "__main__":

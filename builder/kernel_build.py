@@ -1,0 +1,177 @@
+"""Stage 4a: the FlashInfer kernels, each compiled once, as a kernel wheel.
+
+The Dockerfile's `kernel-builder` stage (runtime + the patched flashinfer wheel + the
+warm-up script) is built first. In a container of it the warm-up names each module's
+lookup key (`--plan`); builder brings the entries it has for those keys (local cache, then
+the shared registry) and packs from `builder jit harvest`, and a second run reuses every
+entry whose inputs are unchanged and compiles the rest. New entries go back to the cache
+and the registry; every module's .so goes into the kernel wheel, which the image installs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+
+from builder import kernel_cache, kernel_wheel, progress
+from builder.cache import atomic_copy, atomic_write_text
+from builder.errors import BuilderError
+from builder.wheels import BuiltWheel
+
+WARMUP = "/opt/builder/jit_warmup.py"
+_IN, _OUT = "/kernels-in", "/kernels-out"
+_TAIL_LINES = 30
+
+
+@dataclass(frozen=True)
+class KernelJob:
+    builder_image: str  # the kernel-builder stage
+    modules: tuple[str, ...]
+    jobs: int
+    job_memory_gb: float
+    packs: tuple[Path, ...]
+    network_host: bool
+
+
+def _tar_of(files: dict[str, Path]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, path in files.items():
+            tar.add(path, arcname=name)
+    return buffer.getvalue()
+
+
+def run_warmup(
+    client: docker.DockerClient, job: KernelJob, extra: list[str], inputs: dict[str, Path]
+) -> Path:
+    """Run the warm-up in a fresh container with `inputs` under /kernels-in; return a local
+    folder with what it wrote under /kernels-out (inventory.json, modules/, entries/)."""
+    command = [
+        WARMUP, "--modules", json.dumps(list(job.modules)), "--jobs", str(job.jobs),
+        "--job-memory-gb", str(job.job_memory_gb), "--inventory", f"{_OUT}/inventory.json",
+        *extra,
+    ]  # fmt: skip
+    container = client.containers.create(
+        job.builder_image,
+        command,
+        entrypoint=["python"],
+        network_mode="host" if job.network_host else "none",
+    )
+    recent: list[str] = []
+    try:
+        if inputs:
+            container.put_archive("/", _tar_of(inputs))
+        container.start()
+        for raw in container.logs(stream=True, follow=True):
+            for line in raw.decode(errors="replace").splitlines():
+                recent = [*recent[-_TAIL_LINES:], line]
+                if line.startswith("jit-warmup:"):
+                    progress.info(f"  {line}")
+        status = container.wait()
+        if status.get("StatusCode"):
+            errors = [line for line in recent if "jit-warmup: error" in line]
+            tail = "\n".join(f"    {line}" for line in recent[-_TAIL_LINES:])
+            first = errors[0].split("error: ", 1)[1] if errors else "see the output below"
+            raise BuilderError(f"kernel build failed: {first}\n  last output:\n{tail}")
+        out = Path(tempfile.mkdtemp(prefix="builder-kernels-"))
+        chunks, _ = container.get_archive(_OUT)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            tar.extractall(out, filter="data")
+        return out / Path(_OUT).name
+    finally:
+        container.remove(force=True)
+
+
+def _entries_and_packs(entries: Path, packs: tuple[Path, ...]) -> dict[str, Path]:
+    inputs = {f"{_IN.strip('/')}/entries": entries}
+    for pack in packs:
+        inputs[f"{_IN.strip('/')}/packs/{pack.name}"] = pack
+    return inputs
+
+
+def plan(
+    client: docker.DockerClient, job: KernelJob, cache_dir: Path, shared: kernel_cache.SharedKernels
+) -> list[dict]:
+    """Per module: its lookup key, where its entry is, and reuse or compile with why."""
+    keys = run_warmup(client, job, ["--plan"], {})
+    lookups = [m["lookup"] for m in json.loads((keys / "inventory.json").read_text())["plan"]]
+    with tempfile.TemporaryDirectory(prefix="builder-entries-") as entries:
+        where = kernel_cache.gather(lookups, cache_dir, shared, Path(entries))
+        decided = run_warmup(
+            client, job, ["--plan", "--entries", f"{_IN}/entries"],
+            _entries_and_packs(Path(entries), job.packs),
+        )  # fmt: skip
+    modules = json.loads((decided / "inventory.json").read_text())["plan"]
+    for module in modules:
+        module["entry"] = where[module["lookup"]]
+    return modules
+
+
+def build(
+    client: docker.DockerClient,
+    job: KernelJob,
+    cache_dir: Path,
+    shared: kernel_cache.SharedKernels,
+    flashinfer: BuiltWheel,
+    target_name: str,
+    wheel_dir: Path,
+) -> tuple[BuiltWheel, dict]:
+    """Reuse or compile every module, keep the new entries, and make the kernel wheel."""
+    started = time.monotonic()
+    with progress.task("kernels: look up each module's key", announce=False):
+        keys = run_warmup(client, job, ["--plan"], {})
+    lookups = [m["lookup"] for m in json.loads((keys / "inventory.json").read_text())["plan"]]
+    with tempfile.TemporaryDirectory(prefix="builder-entries-") as entries:
+        where = kernel_cache.gather(lookups, cache_dir, shared, Path(entries))
+        found = sum(1 for source in where.values() if source != "none")
+        progress.info(
+            f"kernels: {found} of {len(lookups)} modules have an entry "
+            f"({sum(1 for s in where.values() if s == 'registry')} from the registry)"
+        )
+        out = run_warmup(
+            client, job,
+            ["--entries", f"{_IN}/entries", "--packs", f"{_IN}/packs", "--out", _OUT],
+            _entries_and_packs(Path(entries), job.packs),
+        )  # fmt: skip
+    inventory = json.loads((out / "inventory.json").read_text())
+    new_entries = sorted((out / "entries").glob(f"*{kernel_cache.ENTRY_SUFFIX}"))
+    kernel_cache.keep(new_entries, cache_dir, shared)
+    wheel = kernel_wheel.build_kernel_wheel(
+        out / "modules", inventory, flashinfer, target_name, wheel_dir
+    )
+    compiled = [m["name"] for m in inventory["modules"] if m["source"] != "reused"]
+    progress.info(
+        f"[green]✓[/] kernels: {len(inventory['modules']) - len(compiled)} reused, "
+        f"{len(compiled)} compiled{': ' + ', '.join(compiled) if compiled else ''} "
+        f"({time.monotonic() - started:.0f} s) -> {wheel.filename}"
+    )
+    return wheel, inventory
+
+
+def cached_wheel(cache_dir: Path, stage_key: str) -> BuiltWheel | None:
+    """The kernel wheel made for this flashinfer stage key earlier, if still in the cache."""
+    folder = _wheel_folder(cache_dir, stage_key)
+    found = sorted(folder.glob("*.whl")) if folder.is_dir() else []
+    if len(found) != 1:
+        return None
+    record = json.loads((folder / "wheel.json").read_text())
+    return BuiltWheel(**{**record, "path": found[0], "cached": True})
+
+
+def remember_wheel(cache_dir: Path, stage_key: str, wheel: BuiltWheel) -> BuiltWheel:
+    folder = _wheel_folder(cache_dir, stage_key)
+    atomic_copy(wheel.path, folder / wheel.filename)
+    record = {k: v for k, v in wheel.to_json().items() if k not in ("path", "cached")}
+    atomic_write_text(folder / "wheel.json", json.dumps(record, indent=2) + "\n")
+    return BuiltWheel(**{**record, "path": folder / wheel.filename, "cached": False})
+
+
+def _wheel_folder(cache_dir: Path, stage_key: str) -> Path:
+    return cache_dir / "kernel-wheels" / stage_key[:24]

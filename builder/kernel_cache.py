@@ -1,0 +1,139 @@
+"""Compiled kernel entries by key: in the local cache, and in an OCI registry that build
+hosts share.
+
+An entry is `<lookup key>.kernel.tar` (made by the image's jit_warmup.py): entry.json (the
+module's key, every input file with its sha256, the .so's sha256) and the module's .so. In
+the registry an entry is a one-layer image `REPO:<lookup key>` holding the tar, pushed and
+pulled through the Docker engine with the credentials `builder image --push` uses: no
+server of our own. The warm-up checks every entry (sha256, key, inputs) before it reuses
+one, so a corrupt or foreign entry is compiled again, never loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+import docker
+from docker.errors import APIError, ImageNotFound, NotFound
+from requests.exceptions import RequestException
+
+from builder import progress, registry
+from builder.cache import atomic_copy
+from builder.errors import BuilderError
+from builder.urls import redact
+
+ENTRY_SUFFIX = ".kernel.tar"
+_ENTRY_IN_IMAGE = "entry.tar"
+_LABEL = "io.builder.kernel-entry"
+
+
+def local_dir(cache_dir: Path) -> Path:
+    return cache_dir / "kernels"
+
+
+def entry_name(lookup: str) -> str:
+    return f"{lookup}{ENTRY_SUFFIX}"
+
+
+class SharedKernels:
+    """Entries in `repository` (None: no sharing). The first failure to reach it is one
+    warning line, then the build goes on with local entries and compiles the rest."""
+
+    def __init__(self, client: docker.DockerClient, repository: str | None) -> None:
+        self.client = client
+        self.repository = repository
+        self.down = False
+
+    def _unreachable(self, error: Exception | str) -> None:
+        text = str(getattr(error, "explanation", None) or error).strip().splitlines()
+        progress.warn(
+            f"kernel registry {redact(self.repository or '')} unreachable "
+            f"({text[0] if text else 'no answer'}): building with local kernels only"
+        )
+        self.down = True
+
+    def fetch(self, lookup: str, into: Path) -> bool:
+        """Copy the entry for `lookup` into `into`; False when the registry has none."""
+        if not self.repository or self.down:
+            return False
+        reference = f"{self.repository}:{lookup}"
+        try:
+            self.client.images.pull(self.repository, tag=lookup, auth_config=registry.auth())
+        except NotFound:
+            return False
+        except (APIError, RequestException) as exc:
+            if "not found" in str(exc).lower() or "manifest unknown" in str(exc).lower():
+                return False
+            self._unreachable(exc)
+            return False
+        container = self.client.containers.create(reference, command=["entry"])
+        try:
+            chunks, _ = container.get_archive(f"/{_ENTRY_IN_IMAGE}")
+            with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as outer:
+                data = outer.extractfile(_ENTRY_IN_IMAGE).read()
+        finally:
+            container.remove(force=True)
+            with contextlib.suppress(ImageNotFound, APIError):
+                self.client.images.remove(reference, noprune=False)
+        into.mkdir(parents=True, exist_ok=True)
+        (into / entry_name(lookup)).write_bytes(data)
+        return True
+
+    def store(self, entry: Path) -> None:
+        """Push one entry as `REPO:<lookup key>` (a new build of a module replaces it)."""
+        if not self.repository or self.down:
+            return
+        lookup = entry.name.removesuffix(ENTRY_SUFFIX)
+        reference = f"{self.repository}:{lookup}"
+        with tempfile.TemporaryDirectory(prefix="builder-kernel-entry-") as tmp:
+            shutil.copyfile(entry, Path(tmp) / _ENTRY_IN_IMAGE)
+            (Path(tmp) / "Dockerfile").write_text(
+                f"FROM scratch\nCOPY {_ENTRY_IN_IMAGE} /{_ENTRY_IN_IMAGE}\n"
+            )
+            try:
+                self.client.images.build(
+                    path=tmp, tag=reference, labels={_LABEL: lookup}, rm=True, pull=False
+                )
+            except (APIError, docker.errors.BuildError) as exc:
+                raise BuilderError(
+                    f"kernel entry {entry.name}: cannot make its image: {exc}"
+                ) from None
+        try:
+            registry.push(self.client, reference, self.repository)
+        except BuilderError as exc:
+            self._unreachable(exc)
+        finally:
+            with contextlib.suppress(ImageNotFound, APIError):
+                self.client.images.remove(reference, noprune=False)
+
+
+def gather(
+    lookups: list[str], cache_dir: Path, shared: SharedKernels, into: Path
+) -> dict[str, str]:
+    """Put the entry of each lookup key into `into`, from the local cache or else the
+    registry (then kept locally too); {lookup: "local" | "registry" | "none"}."""
+    into.mkdir(parents=True, exist_ok=True)
+    found = {}
+    for lookup in lookups:
+        local = local_dir(cache_dir) / entry_name(lookup)
+        if local.is_file():
+            shutil.copyfile(local, into / entry_name(lookup))
+            found[lookup] = "local"
+        elif shared.fetch(lookup, into):
+            atomic_copy(into / entry_name(lookup), local)
+            found[lookup] = "registry"
+        else:
+            found[lookup] = "none"
+    return found
+
+
+def keep(entries: list[Path], cache_dir: Path, shared: SharedKernels) -> None:
+    """New entries into the local cache and, when one is configured, the registry."""
+    for entry in entries:
+        atomic_copy(entry, local_dir(cache_dir) / entry.name)
+        shared.store(entry)

@@ -1,0 +1,159 @@
+"""Stage 4b: the compiled FlashInfer modules as a wheel tied to one flashinfer build.
+
+The distribution is `flashinfer-jit-cache`, the name FlashInfer itself looks for: when the
+package is installed, FlashInfer loads `<its folder>/<name>/<name>.so` for every module it
+holds and never starts ninja (flashinfer/jit/env.py, core.py). Ours differs from the
+official one in three ways:
+- its version is the flashinfer build's plus a content tag, `0.6.3+sm120.g1a2b3c4.k<8 hex>`
+  (the `k` part hashes every module's key), so one version means one set of kernels;
+- it requires exactly that flashinfer build (`flashinfer-python==0.6.3+sm120.g1a2b3c4`), so
+  pip refuses a mismatch, and its `get_jit_cache_dir()`, which FlashInfer calls at import,
+  refuses one too (the official wheel checks only the public version);
+- it holds only what the target's list (and kernel packs) name, compiled for its arch.
+
+The wheel is reproducible: fixed timestamps and modes, files in sorted order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from wheel.wheelfile import WheelFile
+
+from builder import __version__
+from builder.cache import sha256_file
+from builder.errors import BuilderError
+from builder.wheels import BuiltWheel
+
+DIST_NAME = "flashinfer-jit-cache"
+PACKAGE = "flashinfer_jit_cache"
+PLATFORM_TAG = "linux_x86_64"
+_EPOCH = 315532800  # 1980-01-01, the earliest time a zip entry can hold
+
+_INIT = '''"""FlashInfer kernels built by builder for {flashinfer_dist} {flashinfer_version}
+({arch}, nvcc {nvcc}). Loaded by FlashInfer from get_jit_cache_dir(), without compiling."""
+
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+__version__ = "{version}"
+FLASHINFER_BUILD = "{flashinfer_version}"
+
+
+def get_jit_cache_dir() -> str:
+    """The AOT folder, only next to the exact flashinfer build these kernels came from."""
+    try:
+        installed = version("{flashinfer_dist}")
+    except PackageNotFoundError:
+        installed = None
+    if installed != FLASHINFER_BUILD:
+        raise RuntimeError(
+            f"flashinfer-jit-cache {{__version__}} holds kernels built for {flashinfer_dist} "
+            f"{{FLASHINFER_BUILD}}, but {{installed}} is installed: install the kernel wheel "
+            "that the builder manifest records for this flashinfer build"
+        )
+    return str(Path(__file__).parent / "jit_cache")
+'''
+
+
+def kernel_version(flashinfer_version: str, inventory: dict) -> str:
+    keys = sorted(module["key"] for module in inventory["modules"] if module.get("key"))
+    packs = sorted(module["sha256"] for module in inventory["modules"] if not module.get("key"))
+    tag = hashlib.sha256(json.dumps([keys, packs]).encode()).hexdigest()[:8]
+    return f"{flashinfer_version}.k{tag}"
+
+
+@contextmanager
+def _fixed_epoch() -> Iterator[None]:
+    """WheelFile stamps RECORD with SOURCE_DATE_EPOCH when it is set, else with now."""
+    saved = os.environ.get("SOURCE_DATE_EPOCH")
+    os.environ["SOURCE_DATE_EPOCH"] = str(_EPOCH)
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["SOURCE_DATE_EPOCH"]
+        else:
+            os.environ["SOURCE_DATE_EPOCH"] = saved
+
+
+def _add(archive: WheelFile, name: str, data: bytes, mode: int = 0o644) -> None:
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info.external_attr = (0o100000 | mode) << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    archive.writestr(info, data)
+
+
+def build_kernel_wheel(
+    modules_dir: Path, inventory: dict, flashinfer: BuiltWheel, target_name: str, out: Path
+) -> BuiltWheel:
+    """`flashinfer_jit_cache-<version>-py3-none-linux_x86_64.whl` in `out`, from the
+    `<name>/<name>.so` files under `modules_dir` that `inventory` lists (sha256-checked)."""
+    version = kernel_version(flashinfer.version, inventory)
+    filename = f"{PACKAGE}-{version}-py3-none-{PLATFORM_TAG}.whl"
+    files: dict[str, bytes] = {}
+    for module in sorted(inventory["modules"], key=lambda m: m["name"]):
+        library = modules_dir / module["name"] / f"{module['name']}.so"
+        if not library.is_file() or sha256_file(library) != module["sha256"]:
+            raise BuilderError(f"kernel wheel: {library} is missing or not what was built")
+        files[f"{PACKAGE}/jit_cache/{module['name']}/{module['name']}.so"] = library.read_bytes()
+    init = _INIT.format(
+        flashinfer_dist=flashinfer.dist_name,
+        flashinfer_version=flashinfer.version,
+        arch=" ".join(inventory["arch_list"]),
+        nvcc=inventory["nvcc_version"],
+        version=version,
+    )
+    files[f"{PACKAGE}/__init__.py"] = init.encode()
+    recorded = {k: v for k, v in inventory.items() if k not in ("seconds", "jobs")}
+    files[f"{PACKAGE}/inventory.json"] = json.dumps(recorded, indent=2, sort_keys=True).encode()
+    dist_info = f"{PACKAGE}-{version}.dist-info"
+    metadata = (
+        "Metadata-Version: 2.1\n"
+        f"Name: {DIST_NAME}\n"
+        f"Version: {version}\n"
+        f"Summary: FlashInfer kernels for target {target_name} "
+        f"({' '.join(inventory['arch_list'])}), built by builder\n"
+        f"Requires-Dist: {flashinfer.dist_name}=={flashinfer.version}\n"
+    )
+    files[f"{dist_info}/METADATA"] = metadata.encode()
+    files[f"{dist_info}/WHEEL"] = (
+        f"Wheel-Version: 1.0\nGenerator: builder {__version__}\nRoot-Is-Purelib: false\n"
+        f"Tag: py3-none-{PLATFORM_TAG}\n"
+    ).encode()
+    files[f"{dist_info}/top_level.txt"] = f"{PACKAGE}\n".encode()
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / filename
+    with tempfile.TemporaryDirectory(prefix=".kernel-wheel-", dir=out) as staging:
+        partial = Path(staging) / filename  # WheelFile reads name and version from it
+        with _fixed_epoch(), WheelFile(partial, "w") as archive:
+            for name in sorted(files):
+                _add(archive, name, files[name], 0o755 if name.endswith(".so") else 0o644)
+        partial.replace(path)
+    digest = sha256_file(path)
+    return BuiltWheel(
+        name="kernels",
+        dist_name=DIST_NAME,
+        version=version,
+        filename=filename,
+        sha256=digest,
+        size=path.stat().st_size,
+        cache_key=version,
+        cached=False,
+        path=path,
+    )
+
+
+def read_inventory(wheel: Path) -> dict:
+    """The inventory a kernel wheel carries (what `builder verify` and tests compare)."""
+    with zipfile.ZipFile(wheel) as archive:
+        return json.load(io.BytesIO(archive.read(f"{PACKAGE}/inventory.json")))

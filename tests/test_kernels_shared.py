@@ -1,0 +1,269 @@
+"""Each kernel compiled once: per-module keys, the kernel wheel, kernels shared through a
+real registry and installed from a real index, on the real engine with real nvcc.
+
+The module set is two cheap modules: `norm`, and vllm's custom all-reduce (`vllm_comm`),
+which stands for the comm module (trtllm_comm takes minutes per compile). The comm-only
+change is a real patch on top of the series that edits the comm header only that module
+includes.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import io
+import json
+import os
+import tarfile
+import urllib.request
+from pathlib import Path
+
+import pygit2
+import pytest
+
+from tests.conftest import REGISTRY_PASSWORD, REGISTRY_USER, Builder, Upstreams, builder_in
+from tests.services import build_test_base, start_dockerd, start_pypiserver
+from tests.test_image import image_args
+
+pytestmark = pytest.mark.docker
+
+MODULES = "flashinfer.jit.norm:gen_norm_module;flashinfer.jit.comm:gen_vllm_comm_module"
+COMM_HEADER = "include/flashinfer/comm/vllm_custom_all_reduce.cuh"
+REGISTRY_ENV = {
+    "BUILDER_REGISTRY_USERNAME": REGISTRY_USER,
+    "BUILDER_REGISTRY_PASSWORD": REGISTRY_PASSWORD,
+}
+
+
+def kernel_args(test_base: str, runtime_index, *extra: str, modules: str = MODULES) -> list[str]:
+    args = image_args(test_base, runtime_index, "--json", *extra)
+    args[args.index("--jit-modules") + 1] = modules
+    return args
+
+
+def by_name(inventory: dict) -> dict[str, dict]:
+    return {m["name"]: m for m in inventory["modules"]}
+
+
+def registry_tags(registry: str, repository: str) -> list[str]:
+    request = urllib.request.Request(f"http://{registry}/v2/{repository}/tags/list")
+    token = base64.b64encode(f"{REGISTRY_USER}:{REGISTRY_PASSWORD}".encode()).decode()
+    request.add_header("Authorization", f"Basic {token}")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)["tags"] or []
+
+
+def comm_only_patch(github: Upstreams, data_dir: Path) -> Path:
+    """A patch after the series that appends a line to the vllm comm header."""
+    repository = pygit2.Repository(str(github.root / "flashinfer-ai" / "flashinfer.git"))
+    tree = repository[github.commits["flashinfer"]].peel(pygit2.Commit).tree
+    old = (tree / COMM_HEADER).data.decode()
+    new = old + "// builder tests: a comm-only change\n"
+    diff = "".join(
+        difflib.unified_diff(
+            old.splitlines(True), new.splitlines(True), f"a/{COMM_HEADER}", f"b/{COMM_HEADER}"
+        )
+    )
+    patch = data_dir / "forks/flashinfer/patches/sm120/0004-comm-only-change.patch"
+    patch.write_text(
+        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+        "From: builder tests <tests@example.invalid>\n"
+        "Date: Thu, 19 Feb 2026 00:00:00 +0000\n"
+        "Subject: [PATCH] comm: a comment in the vllm all-reduce header\n\n"
+        f"---\ndiff --git a/{COMM_HEADER} b/{COMM_HEADER}\n{diff}--\n2.43.0\n"
+    )
+    return patch
+
+
+def forget_kernel_wheels(builder: Builder) -> None:
+    """The kernel wheel cache short-cuts the kernel step; these tests need the step."""
+    for wheel_folder in (builder.cache_dir / "kernel-wheels").glob("*"):
+        for path in wheel_folder.iterdir():
+            path.unlink()
+        wheel_folder.rmdir()
+
+
+@pytest.fixture(scope="module")
+def host_a(tmp_path_factory, github: Upstreams, docker_host, test_base, runtime_index, registry):
+    builder = builder_in(tmp_path_factory.mktemp("host-a"), github, docker_host)
+    shared = f"{registry}/kernels"
+    result = builder.run(
+        *kernel_args(test_base, runtime_index, "--kernel-registry", shared), env=REGISTRY_ENV
+    )
+    return builder, json.loads(result.stdout), shared, result.stderr
+
+
+def test_first_build_compiles_each_module_once_and_shares_it(host_a, registry) -> None:
+    builder, result, shared, _ = host_a
+    modules = by_name(result["image"]["jit_inventory"])
+    assert set(modules) == {"norm", "vllm_comm"}
+    assert {m["source"] for m in modules.values()} == {"compiled"}
+    local = {p.name for p in (builder.cache_dir / "kernels").glob("*.kernel.tar")}
+    assert local == {f"{m['lookup']}.kernel.tar" for m in modules.values()}
+    tags = registry_tags(registry, shared.split("/", 1)[1])
+    assert sorted(tags) == sorted(m["lookup"] for m in modules.values())
+
+
+def test_a_fresh_host_takes_every_kernel_from_the_registry(
+    host_a, tmp_path_factory, github: Upstreams, runtime_index
+) -> None:
+    """Host B: its own Docker engine (fresh data root) and cache, the same data."""
+    _, first, shared, _ = host_a
+    engine = start_dockerd(tmp_path_factory.mktemp("host-b-engine"), second=True)
+    try:
+        import docker
+
+        client_b = docker.DockerClient(base_url=engine.host, timeout=900)
+        base_b = build_test_base(client_b, tmp_path_factory.mktemp("host-b-base"))
+        builder = builder_in(tmp_path_factory.mktemp("host-b"), github, engine.host)
+        result = builder.run(
+            *kernel_args(base_b, runtime_index, "--kernel-registry", shared), env=REGISTRY_ENV
+        )
+    finally:
+        engine.stop()
+    second = json.loads(result.stdout)
+    modules = by_name(second["image"]["jit_inventory"])
+    assert {m["source"] for m in modules.values()} == {"reused"}
+    assert "2 of 2 modules have an entry (2 from the registry)" in result.stderr
+    assert "0 to compile" in result.stderr, "no nvcc call on the fresh host"
+    # Same kernels, same wheel bytes: the kernel wheel is reproducible across hosts.
+    wheel_a, wheel_b = first["image"]["kernel_wheel"], second["image"]["kernel_wheel"]
+    assert wheel_a == wheel_b
+    assert (builder.wheelhouse / wheel_b).read_bytes() == (
+        host_a[0].wheelhouse / wheel_a
+    ).read_bytes()
+
+
+def test_a_comm_only_change_recompiles_only_the_comm_module(
+    host_a, github: Upstreams, test_base, runtime_index
+) -> None:
+    builder, first, _, _ = host_a
+    patch = comm_only_patch(github, builder.data_dir)
+    try:
+        planned = json.loads(builder.run(*kernel_args(test_base, runtime_index, "--plan")).stdout)[
+            "kernels"
+        ]
+        decisions = {m["name"]: m["reason"] for m in planned}
+        assert decisions["norm"].startswith("reuse:")
+        assert decisions["vllm_comm"].startswith("compile: 1 input(s) changed")
+        assert COMM_HEADER.rsplit("/", 1)[1] in decisions["vllm_comm"]
+
+        result = builder.run(*kernel_args(test_base, runtime_index))
+        modules = by_name(json.loads(result.stdout)["image"]["jit_inventory"])
+        before = by_name(first["image"]["jit_inventory"])
+        assert modules["norm"]["source"] == "reused"
+        assert modules["norm"]["sha256"] == before["norm"]["sha256"]
+        assert modules["vllm_comm"]["source"] == "compiled"
+        assert modules["vllm_comm"]["key"] != before["vllm_comm"]["key"]
+        assert modules["vllm_comm"]["lookup"] == before["vllm_comm"]["lookup"]
+        assert "1 reused, 1 compiled: vllm_comm" in result.stderr
+    finally:
+        patch.unlink()
+
+
+def test_a_tampered_entry_is_refused_and_compiled_again(host_a, test_base, runtime_index) -> None:
+    builder, first, _, _ = host_a
+    norm = by_name(first["image"]["jit_inventory"])["norm"]
+    entry = builder.cache_dir / "kernels" / f"{norm['lookup']}.kernel.tar"
+    with tarfile.open(entry) as tar:
+        members = {m.name: (m, tar.extractfile(m).read()) for m in tar}
+    library = members["norm.so"][1]
+    tampered = bytearray(library)
+    tampered[len(tampered) // 2] ^= 0xFF
+    with tarfile.open(entry, "w") as tar:
+        for name, (member, data) in members.items():
+            body = bytes(tampered) if name == "norm.so" else data
+            member.size = len(body)
+            tar.addfile(member, io.BytesIO(body))
+    forget_kernel_wheels(builder)
+
+    result = builder.run(*kernel_args(test_base, runtime_index))
+    modules = by_name(json.loads(result.stdout)["image"]["jit_inventory"])
+    warnings = [line for line in result.stderr.splitlines() if "warning:" in line]
+    assert len(warnings) == 1, result.stderr
+    assert "norm.so does not match its sha256; compiling norm again" in warnings[0]
+    assert modules["norm"]["source"] == "compiled"
+    assert modules["norm"]["sha256"] == norm["sha256"], "the same module, compiled again"
+    assert modules["vllm_comm"]["source"] == "reused"
+
+
+def test_an_unreachable_registry_is_one_line_and_a_local_build(
+    tmp_path, github: Upstreams, docker_host, test_base, runtime_index
+) -> None:
+    builder = builder_in(tmp_path, github, docker_host)
+    result = builder.run(
+        *kernel_args(
+            test_base, runtime_index, "--kernel-registry", "127.0.0.1:9/kernels",
+            modules="flashinfer.jit.comm:gen_vllm_comm_module",
+        )
+    )  # fmt: skip
+    lines = [line for line in result.stderr.splitlines() if "127.0.0.1:9" in line]
+    assert len(lines) == 1, result.stderr
+    assert "kernel registry 127.0.0.1:9/kernels unreachable" in lines[0]
+    assert "building with local kernels only" in lines[0]
+    (module,) = json.loads(result.stdout)["image"]["jit_inventory"]["modules"]
+    assert module["source"] == "compiled"
+
+
+def test_a_plain_venv_loads_the_kernels_from_the_index_without_compiling(
+    host_a, docker_client, test_base, runtime_index, tmp_path
+) -> None:
+    """A bare-metal user: a venv, pip from the private index, no image."""
+    builder, first, _, _ = host_a
+    packages = tmp_path / "packages"
+    packages.mkdir()
+    process, port = start_pypiserver(packages, tmp_path / "index.log", auth=("ci", "pw"))
+    try:
+        builder.run(
+            "publish", "--index", f"http://127.0.0.1:{port}/",
+            env={"TWINE_USERNAME": "ci", "TWINE_PASSWORD": "pw"},
+        )  # fmt: skip
+        wheels = json.loads(Path(first["manifest"]).read_text())["wheels"]
+        kernel_version = wheels["kernels"]["version"]
+        index_url, requirements = runtime_index
+        # Another flashinfer build: the one the comm-only change made.
+        others = [
+            p.name
+            for p in builder.wheelhouse.glob("flashinfer_python-*.whl")
+            if p.name != wheels["flashinfer"]["filename"]
+        ]
+        assert others, "the comm-only change left a second flashinfer build"
+        script = f"""
+set -e
+python3 -m venv /venv && . /venv/bin/activate
+pip install -q --index-url {index_url} -r /reqs.txt
+pip install -q --index-url http://127.0.0.1:{port}/simple/ --extra-index-url {index_url} \
+    flashinfer-jit-cache=={kernel_version}
+rm -f "$(command -v ninja)"
+FLASHINFER_DISABLE_JIT=1 python -c '
+from flashinfer.jit.norm import gen_norm_module
+from flashinfer.jit.comm import gen_vllm_comm_module
+for gen in (gen_norm_module, gen_vllm_comm_module):
+    spec = gen(); spec.build_and_load(); print("loaded", spec.name, spec.aot_path)
+'
+pip install -q --no-deps --force-reinstall /wheelhouse/{others[0]}
+python -c 'import flashinfer' 2>&1 | tail -1
+"""
+        container = docker_client.containers.run(
+            test_base, ["sh", "-c", script], network_mode="host", detach=True,
+            volumes={
+                str(requirements): {"bind": "/reqs.txt", "mode": "ro"},
+                str(builder.wheelhouse): {"bind": "/wheelhouse", "mode": "ro"},
+            },
+        )  # fmt: skip
+        try:
+            code = container.wait(timeout=900)["StatusCode"]
+            output = container.logs().decode()
+        finally:
+            container.remove(force=True)
+    finally:
+        process.terminate()
+    assert code == 0, output
+    loaded = [line.split() for line in output.splitlines() if line.startswith("loaded ")]
+    assert [name for _, name, _ in loaded] == ["norm", "vllm_comm"]
+    assert all("/site-packages/flashinfer_jit_cache/jit_cache/" in path for *_, path in loaded)
+    assert (
+        f"RuntimeError: flashinfer-jit-cache {kernel_version} holds kernels built for "
+        "flashinfer-python" in output
+    )
+    assert os.path.exists(builder.wheelhouse / first["image"]["kernel_wheel"])
