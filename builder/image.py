@@ -90,6 +90,7 @@ class ImageResult:
     base_image_id: str
     base_image_digest: str | None
     kernel_wheel: BuiltWheel
+    kernel_build: dict | None  # this run's reuse/compile record; None: wheel from the cache
     pushed: dict | None = None
 
     def to_json(self) -> dict:
@@ -105,6 +106,7 @@ class ImageResult:
                 "digest": self.base_image_digest,
             },
             "kernel_wheel": self.kernel_wheel.filename,
+            "kernel_build": self.kernel_build,
             "pushed": self.pushed,
         }
 
@@ -431,21 +433,21 @@ def _kernel_wheel(
     image_plan: ImagePlan,
     context: Path,
     cache_dir: Path,
-) -> BuiltWheel:
+) -> tuple[BuiltWheel, dict | None]:
     """The kernel wheel for this flashinfer stage: from the cache, or reuse-or-compile in
     the kernel-builder stage (which the image build then takes from the layer cache)."""
     stage_key = image_plan.stage_keys["flashinfer"]
     cached = kernel_build.cached_wheel(cache_dir, stage_key)
     if cached:
         progress.info(f"[green]✓[/] kernels: {cached.filename} (cached for this flashinfer stage)")
-        return cached
+        return cached, None
     job = _kernel_job(client, target, options, image_plan, context)
     shared = kernel_cache.SharedKernels(client, options.kernel_registry)
     with tempfile.TemporaryDirectory(prefix="builder-kernel-wheel-") as tmp:
-        wheel, _ = kernel_build.build(
+        wheel, record = kernel_build.build(
             client, job, cache_dir, shared, wheels["flashinfer"], target.name, Path(tmp)
         )
-        return kernel_build.remember_wheel(cache_dir, stage_key, wheel)
+        return kernel_build.remember_wheel(cache_dir, stage_key, wheel), record
 
 
 def _kernel_job(
@@ -502,7 +504,7 @@ def build_image(
     with tempfile.TemporaryDirectory(prefix="builder-context-") as tmp:
         context = Path(tmp)
         _make_context(target, wheels, image_plan, context)
-        kernels_wheel = _kernel_wheel(
+        kernels_wheel, kernels_record = _kernel_wheel(
             client, target, wheels, options, image_plan, context, cache_dir
         )
         if image_plan.exists:
@@ -537,6 +539,7 @@ def build_image(
         base_image_id=image_plan.base_id,
         base_image_digest=image_plan.base_digest,
         kernel_wheel=kernels_wheel,
+        kernel_build=kernels_record,
     )
 
 

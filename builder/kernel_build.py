@@ -28,6 +28,7 @@ from builder.wheels import BuiltWheel
 WARMUP = "/opt/builder/jit_warmup.py"
 _IN, _OUT = "/kernels-in", "/kernels-out"
 _TAIL_LINES = 30
+_RUN_FIELDS = ("name", "lookup", "key", "source", "reason", "compile_seconds")
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def plan(
         where = kernel_cache.gather(lookups, cache_dir, shared, Path(entries))
         decided = run_warmup(
             client, job, ["--plan", "--entries", f"{_IN}/entries"],
-            _entries_and_packs(Path(entries), job.packs),
+            {f"{_IN.strip('/')}/entries": Path(entries)},
         )  # fmt: skip
     modules = json.loads((decided / "inventory.json").read_text())["plan"]
     for module in modules:
@@ -123,7 +124,8 @@ def build(
     target_name: str,
     wheel_dir: Path,
 ) -> tuple[BuiltWheel, dict]:
-    """Reuse or compile every module, keep the new entries, and make the kernel wheel."""
+    """Reuse or compile every module, keep the new entries, and make the kernel wheel;
+    (wheel, this run's record: per module its source, reason and compile seconds)."""
     started = time.monotonic()
     with progress.task("kernels: look up each module's key", announce=False):
         keys = run_warmup(client, job, ["--plan"], {})
@@ -147,12 +149,20 @@ def build(
         out / "modules", inventory, flashinfer, target_name, wheel_dir
     )
     compiled = [m["name"] for m in inventory["modules"] if m["source"] != "reused"]
+    seconds = round(time.monotonic() - started, 1)
     progress.info(
         f"[green]✓[/] kernels: {len(inventory['modules']) - len(compiled)} reused, "
         f"{len(compiled)} compiled{': ' + ', '.join(compiled) if compiled else ''} "
-        f"({time.monotonic() - started:.0f} s) -> {wheel.filename}"
+        f"({seconds:.0f} s) -> {wheel.filename}"
     )
-    return wheel, inventory
+    record = {
+        "seconds": seconds,
+        "entries": dict(where),
+        "modules": [
+            {field: module.get(field) for field in _RUN_FIELDS} for module in inventory["modules"]
+        ],
+    }
+    return wheel, record
 
 
 def cached_wheel(cache_dir: Path, stage_key: str) -> BuiltWheel | None:

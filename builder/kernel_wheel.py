@@ -64,6 +64,22 @@ def get_jit_cache_dir() -> str:
 '''
 
 
+# What a module is, not how this run got it (compiled here, reused, pulled): the wheel is
+# the same on every host that has the same kernels.
+_STABLE_MODULE_FIELDS = ("module", "name", "file", "size", "sha256", "arch", "device_code", "key")
+_STABLE_FIELDS = ("arch_list", "nvcc_version", "flashinfer_version")
+
+
+def stable_inventory(inventory: dict) -> dict:
+    return {
+        **{field: inventory[field] for field in _STABLE_FIELDS},
+        "modules": [
+            {field: module[field] for field in _STABLE_MODULE_FIELDS if field in module}
+            for module in sorted(inventory["modules"], key=lambda m: m["name"])
+        ],
+    }
+
+
 def kernel_version(flashinfer_version: str, inventory: dict) -> str:
     keys = sorted(module["key"] for module in inventory["modules"] if module.get("key"))
     packs = sorted(module["sha256"] for module in inventory["modules"] if not module.get("key"))
@@ -113,8 +129,9 @@ def build_kernel_wheel(
         version=version,
     )
     files[f"{PACKAGE}/__init__.py"] = init.encode()
-    recorded = {k: v for k, v in inventory.items() if k not in ("seconds", "jobs")}
-    files[f"{PACKAGE}/inventory.json"] = json.dumps(recorded, indent=2, sort_keys=True).encode()
+    files[f"{PACKAGE}/inventory.json"] = json.dumps(
+        stable_inventory(inventory), indent=2, sort_keys=True
+    ).encode()
     dist_info = f"{PACKAGE}-{version}.dist-info"
     metadata = (
         "Metadata-Version: 2.1\n"

@@ -4,9 +4,10 @@ It plays a server that loads for STARTUP_SECONDS (port open, /health answers 503
 serves /health, /health_generate and /server_info (SERVER_INFO, JSON). With
 DIE_AFTER_SECONDS it exits with EXIT_CODE mid-start, like a server that crashed; with
 SILENT_SECONDS it first hangs that long without a log line, like a stalled start. With
-JIT_AT_START=ACT (in an image with flashinfer) it first builds FlashInfer's `ACT_and_mul`
-module the way FlashInfer's JIT does at first use (`JitSpec.build`: real ninja and nvcc),
-like a server loading a kernel its image did not pre-compile; loading it needs a GPU.
+JIT_AT_START=ACT (in an image with flashinfer) it first loads FlashInfer's `ACT_and_mul`
+module the way FlashInfer does at first use (`JitSpec.build_and_load`): from the kernel
+wheel when it holds the module, else compiled with real ninja and nvcc, like a server
+loading a kernel its image did not pre-compile. Loading needs the CUDA runtime, no GPU.
 """
 
 import json
@@ -51,8 +52,9 @@ def die_later(seconds: float, code: int) -> None:
 def build_jit_module(activation: str) -> None:
     from flashinfer.jit.activation import gen_act_and_mul_module
 
-    print(f"standin: JIT-compiling {activation}_and_mul at start-up", flush=True)
-    gen_act_and_mul_module(activation).build(verbose=False)
+    spec = gen_act_and_mul_module(activation)
+    print(f"standin: loading {spec.name} (AOT: {spec.is_aot})", flush=True)
+    spec.build_and_load()
 
 
 def port_argument(args: list[str]) -> int:

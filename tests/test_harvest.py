@@ -110,8 +110,9 @@ def test_a_module_compiled_at_start_is_reported_harvested_and_baked_in(
         second = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
         assert second["image"]["reference"] != reference
         baked = {m["name"]: m for m in second["image"]["jit_inventory"]["modules"]}
-        assert baked[MISSING_MODULE]["source"] == f"pack:{pack.name}"
         assert baked[MISSING_MODULE]["arch"] == ["sm_120a"]
+        this_run = {m["name"]: m for m in second["image"]["kernel_build"]["modules"]}
+        assert this_run[MISSING_MODULE]["source"] == f"pack:{pack.name}"
 
         url, name = _start(docker_client, second["image"]["reference"])
         containers.append(name)

@@ -41,8 +41,13 @@ def kernel_args(test_base: str, runtime_index, *extra: str, modules: str = MODUL
     return args
 
 
-def by_name(inventory: dict) -> dict[str, dict]:
-    return {m["name"]: m for m in inventory["modules"]}
+def by_name(record: dict) -> dict[str, dict]:
+    return {m["name"]: m for m in record["modules"]}
+
+
+def this_run(result: dict) -> dict[str, dict]:
+    """Per module, how this `builder image` run got it (source, reason, key)."""
+    return by_name(result["image"]["kernel_build"])
 
 
 def registry_tags(registry: str, repository: str) -> list[str]:
@@ -95,8 +100,9 @@ def host_a(tmp_path_factory, github: Upstreams, docker_host, test_base, runtime_
 
 def test_first_build_compiles_each_module_once_and_shares_it(host_a, registry) -> None:
     builder, result, shared, _ = host_a
-    modules = by_name(result["image"]["jit_inventory"])
+    modules = this_run(result)
     assert set(modules) == {"norm", "vllm_comm"}
+    assert set(by_name(result["image"]["jit_inventory"])) == {"norm", "vllm_comm"}
     assert {m["source"] for m in modules.values()} == {"compiled"}
     local = {p.name for p in (builder.cache_dir / "kernels").glob("*.kernel.tar")}
     assert local == {f"{m['lookup']}.kernel.tar" for m in modules.values()}
@@ -122,7 +128,7 @@ def test_a_fresh_host_takes_every_kernel_from_the_registry(
     finally:
         engine.stop()
     second = json.loads(result.stdout)
-    modules = by_name(second["image"]["jit_inventory"])
+    modules = this_run(second)
     assert {m["source"] for m in modules.values()} == {"reused"}
     assert "2 of 2 modules have an entry (2 from the registry)" in result.stderr
     assert "0 to compile" in result.stderr, "no nvcc call on the fresh host"
@@ -149,10 +155,13 @@ def test_a_comm_only_change_recompiles_only_the_comm_module(
         assert COMM_HEADER.rsplit("/", 1)[1] in decisions["vllm_comm"]
 
         result = builder.run(*kernel_args(test_base, runtime_index))
-        modules = by_name(json.loads(result.stdout)["image"]["jit_inventory"])
-        before = by_name(first["image"]["jit_inventory"])
+        rebuilt = json.loads(result.stdout)["image"]
+        modules, before = this_run({"image": rebuilt}), this_run(first)
         assert modules["norm"]["source"] == "reused"
-        assert modules["norm"]["sha256"] == before["norm"]["sha256"]
+        assert (
+            by_name(rebuilt["jit_inventory"])["norm"]["sha256"]
+            == by_name(first["image"]["jit_inventory"])["norm"]["sha256"]
+        )
         assert modules["vllm_comm"]["source"] == "compiled"
         assert modules["vllm_comm"]["key"] != before["vllm_comm"]["key"]
         assert modules["vllm_comm"]["lookup"] == before["vllm_comm"]["lookup"]
@@ -163,7 +172,7 @@ def test_a_comm_only_change_recompiles_only_the_comm_module(
 
 def test_a_tampered_entry_is_refused_and_compiled_again(host_a, test_base, runtime_index) -> None:
     builder, first, _, _ = host_a
-    norm = by_name(first["image"]["jit_inventory"])["norm"]
+    norm = {**this_run(first)["norm"], **by_name(first["image"]["jit_inventory"])["norm"]}
     entry = builder.cache_dir / "kernels" / f"{norm['lookup']}.kernel.tar"
     with tarfile.open(entry) as tar:
         members = {m.name: (m, tar.extractfile(m).read()) for m in tar}
@@ -178,12 +187,13 @@ def test_a_tampered_entry_is_refused_and_compiled_again(host_a, test_base, runti
     forget_kernel_wheels(builder)
 
     result = builder.run(*kernel_args(test_base, runtime_index))
-    modules = by_name(json.loads(result.stdout)["image"]["jit_inventory"])
+    image = json.loads(result.stdout)["image"]
+    modules = this_run({"image": image})
     warnings = [line for line in result.stderr.splitlines() if "warning:" in line]
     assert len(warnings) == 1, result.stderr
     assert "norm.so does not match its sha256; compiling norm again" in warnings[0]
     assert modules["norm"]["source"] == "compiled"
-    assert modules["norm"]["sha256"] == norm["sha256"], "the same module, compiled again"
+    assert by_name(image["jit_inventory"])["norm"]["sha256"] == norm["sha256"], "compiled again"
     assert modules["vllm_comm"]["source"] == "reused"
 
 
@@ -201,7 +211,7 @@ def test_an_unreachable_registry_is_one_line_and_a_local_build(
     assert len(lines) == 1, result.stderr
     assert "kernel registry 127.0.0.1:9/kernels unreachable" in lines[0]
     assert "building with local kernels only" in lines[0]
-    (module,) = json.loads(result.stdout)["image"]["jit_inventory"]["modules"]
+    (module,) = json.loads(result.stdout)["image"]["kernel_build"]["modules"]
     assert module["source"] == "compiled"
 
 
