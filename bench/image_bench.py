@@ -4,7 +4,7 @@
    Dockerfile and context (every step cached);
 2. the JIT warm-up with one job vs the job budget from cores and memory, same modules,
    inside the built image;
-3. the image's size with and without its JIT cache layer.
+3. the image's size with and without its kernel wheel layer.
 
 Needs what the tests need (Debian's docker.io, debootstrap, PyPI): it builds the same
 offline test base and fixture upstreams. `BUILDER_TEST_DOCKER_HOST` reuses a running engine.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -82,15 +83,15 @@ def main() -> None:
         shutil.copy(requirements, context / "requirements-runtime.txt")
         for item in image.recipe_files(target):
             shutil.copy(item, context / item.name)
-        for name in ("sglang", "flashinfer"):
+        for name in ("sglang", "flashinfer", "kernels"):
             (context / "wheels" / name).mkdir(parents=True)
             shutil.copy(
                 work / "wheelhouse" / labels[f"io.builder.{name}.wheel"], context / "wheels" / name
             )
         buildargs = {
             "BASE_IMAGE": base, "PIP_INDEX_URL": f"http://127.0.0.1:{port}/simple/",
-            "PIP_EXTRA_INDEX_URL": "", "JIT_ARCH_LIST": "12.0a", "JIT_MODULES": WARM_MODULES,
-            "JIT_JOBS": "0", "JIT_JOB_MEMORY_GB": "6",
+            "PIP_EXTRA_INDEX_URL": "", "JIT_ARCH_LIST": "12.0a",
+            "JIT_MODULES": json.dumps(WARM_MODULES.split(";")),
         }  # fmt: skip
 
         def docker_build() -> None:
@@ -114,9 +115,10 @@ def main() -> None:
         print(f"no-op: builder image {b:.2f} s, docker build {d:.2f} s, ratio {b / d:.2f}")
 
         def warmup(jobs: int) -> float:
+            modules = shlex.quote(json.dumps(WARM_MODULES.split(";")))
             script = (
                 "rm -rf /tmp/ws && FLASHINFER_WORKSPACE_BASE=/tmp/ws python /opt/builder/jit_warmup.py"
-                f" --modules {WARM_MODULES} --jobs {jobs} --inventory /tmp/inv.json"
+                f" --modules {modules} --jobs {jobs} --inventory /tmp/inv.json"
             )
             return timed(
                 lambda: client.containers.run(
@@ -131,11 +133,11 @@ def main() -> None:
         )
 
         history = client.images.get(reference).history()
-        jit_layer = sum(h["Size"] for h in history if "jit_warmup.py --modules" in h["CreatedBy"])
+        jit_layer = sum(h["Size"] for h in history if "jit_warmup.py --check" in h["CreatedBy"])
         total = client.images.get(reference).attrs["Size"]
         print(
-            f"image size: {total / 1e6:.0f} MB with the JIT cache, {(total - jit_layer) / 1e6:.0f} MB "
-            f"without; the cache layer is {jit_layer / 1e6:.1f} MB "
+            f"image size: {total / 1e6:.0f} MB with the kernel wheel, {(total - jit_layer) / 1e6:.0f} MB "
+            f"without; its layer is {jit_layer / 1e6:.1f} MB "
             f"({len(first['image']['jit_inventory']['modules'])} modules)"
         )
         result = {

@@ -286,6 +286,27 @@ ENTRY_SUFFIX = ".kernel.tar"
 ENTRY_SCHEMA = 1
 
 
+_WORKSPACE = "<flashinfer-workspace>"
+
+
+def workspace_dir() -> str:
+    """FlashInfer's `<base>/.cache/flashinfer/<flashinfer version>/<arch>`: build folders and
+    generated sources live there, so its name changes with every flashinfer build."""
+    from flashinfer.jit import env as jit_env
+
+    return str(jit_env.FLASHINFER_WORKSPACE_DIR)
+
+
+def portable(text: str) -> str:
+    """Paths as keys and entries hold them: the same module of another flashinfer build
+    (same sources, flags and headers) has the same key."""
+    return text.replace(workspace_dir(), _WORKSPACE)
+
+
+def local(path: str) -> Path:
+    return Path(path.replace(_WORKSPACE, workspace_dir()))
+
+
 def lookup_key(spec, compiler: str, arch_list: list[str]) -> str:
     """What names a module's entry before anything compiles: its ninja file (flags, arch,
     source paths), its sources' contents, nvcc and the arch list. Headers are checked after
@@ -293,8 +314,8 @@ def lookup_key(spec, compiler: str, arch_list: list[str]) -> str:
     spec.write_ninja()
     record = {
         "name": spec.name,
-        "ninja": Path(spec.ninja_path).read_text(),
-        "sources": {str(s): sha256(Path(s)) for s in sorted(map(str, spec.sources))},
+        "ninja": portable(Path(spec.ninja_path).read_text()),
+        "sources": {portable(str(s)): sha256(Path(s)) for s in sorted(map(str, spec.sources))},
         "nvcc": compiler,
         "arch_list": arch_list,
     }
@@ -313,7 +334,7 @@ def recorded_inputs(spec) -> dict[str, str]:
         fail(f"{spec.name}: `ninja -t deps` failed: {result.stderr.strip()}")
     paths = {str(s) for s in spec.sources}
     paths.update(line.strip() for line in result.stdout.splitlines() if line.startswith(" "))
-    return {path: sha256(Path(path)) for path in sorted(paths) if Path(path).is_file()}
+    return {portable(path): sha256(Path(path)) for path in sorted(paths) if Path(path).is_file()}
 
 
 def content_key(lookup: str, inputs: dict[str, str]) -> str:
@@ -343,7 +364,7 @@ def changed_inputs(record: dict) -> list[str]:
     return [
         path
         for path, digest in record["inputs"].items()
-        if not Path(path).is_file() or sha256(Path(path)) != digest
+        if not local(path).is_file() or sha256(local(path)) != digest
     ]
 
 
