@@ -26,7 +26,7 @@ from docker.errors import APIError, ImageNotFound, NotFound
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from builder import __version__, kernel_build, kernel_cache, kernels, progress
+from builder import __version__, kernel_build, kernel_cache, kernels, launch, progress, recipe
 from builder.cache import content_key, sha256_file
 from builder.cuda import sm_name
 from builder.errors import BuilderError
@@ -235,7 +235,15 @@ def plan(
     kernel_builder_key = content_key(
         {"runtime": runtime_key, "wheel": wheels["flashinfer"].sha256, "arch": target.arch_list}
     )
-    server_key = content_key({"flashinfer": flashinfer_key, "wheel": wheels["sglang"].sha256})
+    # The launch profiles travel in the image's recipe (its last layer).
+    profiles = launch.Profiles.of(target.file)
+    server_key = content_key(
+        {
+            "flashinfer": flashinfer_key,
+            "wheel": wheels["sglang"].sha256,
+            "profiles": [profiles.profiles, profiles.default],
+        }
+    )
     stage_keys = {"runtime": runtime_key, "flashinfer": flashinfer_key, "server": server_key}
     inputs_hash = content_key({"stages": stage_keys, "builder": __version__})
 
@@ -259,7 +267,7 @@ def plan(
     reasons = {
         "runtime": "base image, Dockerfile folder, requirements or package index changed",
         "flashinfer": "flashinfer wheel, JIT modules, kernel packs or arch changed",
-        "server": "sglang wheel changed",
+        "server": "sglang wheel or launch profiles changed",
     }
     for stage in STAGES:
         if exists:
@@ -516,6 +524,10 @@ def build_image(
             kernels_folder = context / "wheels" / "kernels"
             kernels_folder.mkdir(parents=True)
             shutil.copy2(kernels_wheel.path, kernels_folder / kernels_wheel.filename)
+            everything = {**wheels, "kernels": kernels_wheel}
+            recipe.write(
+                recipe.build_recipe(target, forks, everything, options.jit_modules), context
+            )
             labels = {
                 **image_plan.labels,
                 "org.opencontainers.image.created": _now(),

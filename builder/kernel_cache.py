@@ -1,9 +1,10 @@
 """Compiled kernel entries by key: in the local cache, and in an OCI registry that build
 hosts share.
 
-An entry is `<lookup key>.kernel.tar` (made by the image's jit_warmup.py): entry.json (the
-module's key, every input file with its sha256, the .so's sha256) and the module's .so. In
-the registry an entry is a one-layer image `REPO:<lookup key>` holding the tar, pushed and
+An entry is `<lookup key>.<key>.kernel.tar` (made by the image's jit_warmup.py): entry.json
+(the module's key, every input file with its sha256, the .so's sha256) and the module's .so;
+one lookup key can have several (one per header variant). In the registry the newest entry
+of a lookup key is a one-layer image `REPO:<lookup key>` holding the tar, pushed and
 pulled through the Docker engine with the credentials `builder image --push` uses: no
 server of our own. The warm-up checks every entry (sha256, key, inputs) before it reuses
 one, so a corrupt or foreign entry is compiled again, never loaded.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import shutil
 import tarfile
 import tempfile
@@ -36,8 +38,13 @@ def local_dir(cache_dir: Path) -> Path:
     return cache_dir / "kernels"
 
 
-def entry_name(lookup: str) -> str:
-    return f"{lookup}{ENTRY_SUFFIX}"
+def _entry_key(data: bytes) -> str:
+    """The key an entry says it has (checked by the warm-up, not here), or "unreadable"."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            return str(json.load(tar.extractfile("entry.json"))["key"])[:16]
+    except (tarfile.TarError, KeyError, ValueError, TypeError, AttributeError):
+        return "unreadable"
 
 
 class SharedKernels:
@@ -57,20 +64,20 @@ class SharedKernels:
         )
         self.down = True
 
-    def fetch(self, lookup: str, into: Path) -> bool:
-        """Copy the entry for `lookup` into `into`; False when the registry has none."""
+    def fetch(self, lookup: str, into: Path) -> Path | None:
+        """The registry's entry for `lookup`, written into `into`; None when it has none."""
         if not self.repository or self.down:
-            return False
+            return None
         reference = f"{self.repository}:{lookup}"
         try:
             self.client.images.pull(self.repository, tag=lookup, auth_config=registry.auth())
         except NotFound:
-            return False
+            return None
         except (APIError, RequestException) as exc:
             if "not found" in str(exc).lower() or "manifest unknown" in str(exc).lower():
-                return False
+                return None
             self._unreachable(exc)
-            return False
+            return None
         container = self.client.containers.create(reference, command=["entry"])
         try:
             chunks, _ = container.get_archive(f"/{_ENTRY_IN_IMAGE}")
@@ -81,14 +88,15 @@ class SharedKernels:
             with contextlib.suppress(ImageNotFound, APIError):
                 self.client.images.remove(reference, noprune=False)
         into.mkdir(parents=True, exist_ok=True)
-        (into / entry_name(lookup)).write_bytes(data)
-        return True
+        path = into / f"{lookup}.{_entry_key(data)}{ENTRY_SUFFIX}"
+        path.write_bytes(data)
+        return path
 
     def store(self, entry: Path) -> None:
         """Push one entry as `REPO:<lookup key>` (a new build of a module replaces it)."""
         if not self.repository or self.down:
             return
-        lookup = entry.name.removesuffix(ENTRY_SUFFIX)
+        lookup = entry.name.split(".", 1)[0]
         reference = f"{self.repository}:{lookup}"
         with tempfile.TemporaryDirectory(prefix="builder-kernel-entry-") as tmp:
             shutil.copyfile(entry, Path(tmp) / _ENTRY_IN_IMAGE)
@@ -120,15 +128,13 @@ def gather(
     into.mkdir(parents=True, exist_ok=True)
     found = {}
     for lookup in lookups:
-        local = local_dir(cache_dir) / entry_name(lookup)
-        if local.is_file():
-            shutil.copyfile(local, into / entry_name(lookup))
-            found[lookup] = "local"
-        elif shared.fetch(lookup, into):
-            atomic_copy(into / entry_name(lookup), local)
-            found[lookup] = "registry"
-        else:
-            found[lookup] = "none"
+        local = sorted(local_dir(cache_dir).glob(f"{lookup}.*{ENTRY_SUFFIX}"))
+        for path in local:
+            shutil.copyfile(path, into / path.name)
+        fetched = None if local else shared.fetch(lookup, into)
+        if fetched:
+            atomic_copy(fetched, local_dir(cache_dir) / fetched.name)
+        found[lookup] = "local" if local else "registry" if fetched else "none"
     return found
 
 

@@ -113,6 +113,20 @@ class Recipe:
         }
 
 
+@dataclass(frozen=True)
+class Profiles:
+    """A target's launch profiles: from its profiles.toml, or the recipe inside an image."""
+
+    profiles: dict[str, dict]
+    default: str
+    where: str  # named in errors
+
+    @classmethod
+    def of(cls, target_file: Path) -> Profiles:
+        profiles, default = load_profiles(target_file)
+        return cls(profiles, default, str(profiles_file(target_file)))
+
+
 def profiles_file(target_file: Path) -> Path:
     return target_file.parent / "profiles.toml"
 
@@ -129,7 +143,7 @@ def load_profiles(target_file: Path) -> tuple[dict[str, dict], str]:
     return profiles, default
 
 
-def _flatten(profiles: dict[str, dict], name: str, path: Path, seen: tuple = ()) -> dict:
+def _flatten(profiles: dict[str, dict], name: str, path: Path | str, seen: tuple = ()) -> dict:
     if name not in profiles:
         known = ", ".join(profiles)
         raise BuilderError(f"{path}: unknown profile '{name}' (profiles: {known})")
@@ -148,7 +162,7 @@ def _flatten(profiles: dict[str, dict], name: str, path: Path, seen: tuple = ())
     return merged
 
 
-def _substitute(value: Any, params: dict[str, str], where: str, path: Path) -> Any:
+def _substitute(value: Any, params: dict[str, str], where: str, path: Path | str) -> Any:
     if not isinstance(value, str):
         return value
 
@@ -162,10 +176,11 @@ def _substitute(value: Any, params: dict[str, str], where: str, path: Path) -> A
 
 
 def resolve(
-    target_file: Path, profile_name: str | None, image: str, overrides: Overrides
+    source: Path | Profiles, profile_name: str | None, image: str, overrides: Overrides
 ) -> Recipe:
-    path = profiles_file(target_file)
-    profiles, default = load_profiles(target_file)
+    """A profile resolved with the overrides; `source` is a target.toml or `Profiles`."""
+    known = source if isinstance(source, Profiles) else Profiles.of(source)
+    profiles, default, path = known.profiles, known.default, known.where
     name = profile_name or default
     profile = _flatten(profiles, name, path)
 

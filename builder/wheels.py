@@ -153,6 +153,19 @@ def _members_for(path: str, names: list[str]) -> list[str]:
     ]
 
 
+def patched_lines(wheel: Path, patches: tuple[PatchFile, ...]) -> dict[str, list[str]]:
+    """{installed file (wheel member): the lines the patches add to it}: what `builder verify`
+    looks for in an image's site-packages."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    found: dict[str, list[str]] = {}
+    for patch in patches:
+        for path, lines in _added_lines(patch).items():
+            for member in _members_for(path, names):
+                found.setdefault(member, []).extend(lines)
+    return {member: found[member] for member in sorted(found)}
+
+
 def verify_wheel(wheel: Path, fork: Fork, version: str, patches: tuple[PatchFile, ...]) -> None:
     """Fail unless the wheel says `version` in METADATA and holds every patch and file."""
     name, wheel_ver, _, _ = parse_wheel_filename(wheel.name)

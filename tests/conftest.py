@@ -7,6 +7,7 @@ The pins in the copy point at the fixture commits through the documented mechani
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -167,3 +168,35 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> str:
     )
     yield f"127.0.0.1:{port}"
     process.terminate()
+
+
+# --- the test image ---------------------------------------------------------------------------
+
+WARM_MODULES = (
+    "flashinfer.jit.norm:gen_norm_module;"
+    "flashinfer.jit.fp4_quantization:gen_fp4_quantization_sm120_module"
+)
+
+
+def image_args(test_base: str, runtime_index: tuple[str, Path], *extra: str) -> list[str]:
+    """`builder image` offline: the local test base, the loopback runtime index, two modules."""
+    index_url, requirements = runtime_index
+    return [
+        "image",
+        "--base-image", test_base,
+        "--pip-index-url", index_url,
+        "--pip-extra-index-url=",
+        "--runtime-requirements", str(requirements),
+        "--network-host",
+        "--jit-modules", WARM_MODULES,
+        *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def built_image(tmp_path_factory, github: Upstreams, docker_host, test_base, runtime_index):
+    """One built test image for every module that reads it: (builder, image record, manifest)."""
+    root = tmp_path_factory.mktemp("image")
+    builder = builder_in(root, github, docker_host)
+    result = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
+    return builder, result["image"], Path(result["manifest"])

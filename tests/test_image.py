@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REGISTRY_PASSWORD, REGISTRY_USER, Builder, Upstreams, builder_in
+from tests.conftest import (  # noqa: F401 (image_args and WARM_MODULES: imported from here)
+    REGISTRY_PASSWORD,
+    REGISTRY_USER,
+    WARM_MODULES,
+    Builder,
+    Upstreams,
+    builder_in,
+    image_args,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -21,32 +29,11 @@ REGISTRY_ENV = {
     "BUILDER_REGISTRY_USERNAME": REGISTRY_USER,
     "BUILDER_REGISTRY_PASSWORD": REGISTRY_PASSWORD,
 }
-WARM_MODULES = (
-    "flashinfer.jit.norm:gen_norm_module;"
-    "flashinfer.jit.fp4_quantization:gen_fp4_quantization_sm120_module"
-)
-
-
-def image_args(test_base: str, runtime_index: tuple[str, Path], *extra: str) -> list[str]:
-    index_url, requirements = runtime_index
-    return [
-        "image",
-        "--base-image", test_base,
-        "--pip-index-url", index_url,
-        "--pip-extra-index-url=",
-        "--runtime-requirements", str(requirements),
-        "--network-host",
-        "--jit-modules", WARM_MODULES,
-        *extra,
-    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, github: Upstreams, docker_host, test_base, runtime_index):
-    root = tmp_path_factory.mktemp("image")
-    builder = builder_in(root, github, docker_host)
-    result = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
-    return builder, result["image"], Path(result["manifest"])
+def built(built_image):
+    return built_image
 
 
 def _run_in(docker_client, reference: str, script: str) -> str:

@@ -105,7 +105,7 @@ def test_first_build_compiles_each_module_once_and_shares_it(host_a, registry) -
     assert set(by_name(result["image"]["jit_inventory"])) == {"norm", "vllm_comm"}
     assert {m["source"] for m in modules.values()} == {"compiled"}
     local = {p.name for p in (builder.cache_dir / "kernels").glob("*.kernel.tar")}
-    assert local == {f"{m['lookup']}.kernel.tar" for m in modules.values()}
+    assert local == {f"{m['lookup']}.{m['key'][:16]}.kernel.tar" for m in modules.values()}
     tags = registry_tags(registry, shared.split("/", 1)[1])
     assert sorted(tags) == sorted(m["lookup"] for m in modules.values())
 
@@ -173,7 +173,7 @@ def test_a_comm_only_change_recompiles_only_the_comm_module(
 def test_a_tampered_entry_is_refused_and_compiled_again(host_a, test_base, runtime_index) -> None:
     builder, first, _, _ = host_a
     norm = {**this_run(first)["norm"], **by_name(first["image"]["jit_inventory"])["norm"]}
-    entry = builder.cache_dir / "kernels" / f"{norm['lookup']}.kernel.tar"
+    (entry,) = (builder.cache_dir / "kernels").glob(f"{norm['lookup']}.*.kernel.tar")
     with tarfile.open(entry) as tar:
         members = {m.name: (m, tar.extractfile(m).read()) for m in tar}
     library = members["norm.so"][1]

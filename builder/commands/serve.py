@@ -19,7 +19,9 @@ from builder import (
     progress,
     readiness,
     validate,
+    verify,
 )
+from builder import recipe as image_recipe
 from builder.cache import atomic_write_text
 from builder.commands.common import DEFAULT_TARGET, add_command, emit
 from builder.errors import BuilderError
@@ -31,13 +33,11 @@ from builder.target import load_target
 STALL_MINUTES = 10.0
 
 
-def _recipe(args: argparse.Namespace):
+def _recipe(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
+    """The resolved launch recipe and where it came from (an image's recipe or a manifest)."""
     launch.bind_address(args.bind)  # before looking for a manifest
-    data_dir = resolve_data_dir(args.data_dir)
-    target = load_target(data_dir, args.target)
-    directory = manifest.manifest_dir(data_dir, args.manifest_dir, target.name)
-    path = Path(args.manifest) if args.manifest else manifest.latest_with_image(directory)
-    record = manifest.load(path)
+    if args.image and args.manifest:
+        raise BuilderError("--image and --manifest: give one (the image carries its recipe)")
     params = []
     for item in args.set:
         key, sep, value = item.partition("=")
@@ -53,20 +53,36 @@ def _recipe(args: argparse.Namespace):
         container_name=args.name,
         bind=args.bind,
     )
-    recipe = launch.resolve(target.file, args.profile, manifest.image_reference(record), overrides)
+    if args.image:
+        profiles = image_recipe.profiles_of(
+            image_recipe.from_image(docker_client.connect(), args.image), args.image
+        )
+        recipe = launch.resolve(profiles, args.profile, args.image, overrides)
+        source = f"{args.image}:{image_recipe.RECIPE_PATH}"
+    else:
+        data_dir = resolve_data_dir(args.data_dir)
+        target = load_target(data_dir, args.target)
+        directory = manifest.manifest_dir(data_dir, args.manifest_dir, target.name)
+        path = Path(args.manifest) if args.manifest else manifest.latest_with_image(directory)
+        record = manifest.load(path)
+        recipe = launch.resolve(
+            target.file, args.profile, manifest.image_reference(record), overrides
+        )
+        if not (record.get("image") or {}).get("pushed"):
+            progress.warn(
+                f"{path.name}: the image was not pushed; {recipe.image} exists only on the "
+                "build host (or launch with --image REF)"
+            )
+        source = str(path)
     if recipe.experimental:
         progress.warn(f"profile {recipe.profile} is EXPERIMENTAL: {recipe.warning}")
-    if not (record.get("image") or {}).get("pushed"):
-        progress.warn(
-            f"{path.name}: the image was not pushed; {recipe.image} exists only on the build host"
-        )
-    return target, recipe, path
+    return recipe, source
 
 
 def cmd_launch(args: argparse.Namespace) -> None:
-    _, recipe, path = _recipe(args)
+    recipe, source = _recipe(args)
     if not args.run:
-        emit(args, {**recipe.to_json(), "manifest": str(path)}, [recipe.shell()])
+        emit(args, {**recipe.to_json(), "recipe_from": source}, [recipe.shell()])
         return
     client = docker_client.connect()
     try:
@@ -92,12 +108,12 @@ def cmd_launch(args: argparse.Namespace) -> None:
 
 def cmd_deploy_files(args: argparse.Namespace) -> None:
     out = validate.writable_dir("--out", args.out)
-    _, recipe, path = _recipe(args)
+    recipe, source = _recipe(args)
     compose = out / "compose.yaml"
     unit = out / f"sglang-{recipe.profile}.service"
     atomic_write_text(compose, launch.compose_file(recipe))
     atomic_write_text(unit, launch.systemd_unit(recipe, str(out)))
-    result = {"compose": str(compose), "systemd_unit": str(unit), "manifest": str(path)}
+    result = {"compose": str(compose), "systemd_unit": str(unit), "recipe_from": source}
     lines = [
         f"wrote {compose}",
         f"wrote {unit}",
@@ -164,10 +180,14 @@ def cmd_wait_ready(args: argparse.Namespace) -> None:
         raise BuilderError(f"--poll {args.poll:g}: must be more than 0 (seconds)")
     expect: dict = {}
     deadline = args.deadline
-    if args.profile:
-        data_dir = resolve_data_dir(args.data_dir)
-        target = load_target(data_dir, args.target)
-        recipe = launch.resolve(target.file, args.profile, "-", launch.Overrides())
+    if args.profile or args.image:
+        if args.image:
+            source = image_recipe.profiles_of(
+                image_recipe.from_image(docker_client.connect(), args.image), args.image
+            )
+        else:
+            source = load_target(resolve_data_dir(args.data_dir), args.target).file
+        recipe = launch.resolve(source, args.profile, "-", launch.Overrides())
         expect = dict(recipe.expect)
         if deadline is None:
             deadline = recipe.ready_deadline_minutes
@@ -177,6 +197,30 @@ def cmd_wait_ready(args: argparse.Namespace) -> None:
             raise BuilderError(f"--expect {item}: expected KEY=VALUE")
         expect[key] = value
     _wait(args, args.url, args.container, expect, 20 if deadline is None else deadline)
+
+
+def cmd_verify(args: argparse.Namespace) -> None:
+    built, checks = verify.verify(docker_client.connect(), args.image)
+    failed = [check for check in checks if not check.ok]
+    verdict = (
+        f"{len(failed)} of {len(checks)} checks failed"
+        if failed
+        else f"all {len(checks)} checks passed: {args.image} is what its recipe says"
+    )
+    if args.json:
+        result = {
+            "image": args.image,
+            "target": built["target"]["name"],
+            "ok": not failed,
+            "checks": [check.to_json() for check in checks],
+        }
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        for check in checks:
+            print(f"{'ok  ' if check.ok else 'FAIL'} {check.check}: {check.detail}")
+        print(verdict)
+    if failed:
+        raise SystemExit(1)
 
 
 def cmd_doctor(args: argparse.Namespace) -> None:
@@ -261,6 +305,12 @@ def _tp_size(args: tuple[str, ...]) -> int:
 def register(sub) -> None:
     def launch_options(command: argparse.ArgumentParser) -> None:
         command.add_argument("--profile", help="launch profile (default: the target's default)")
+        command.add_argument(
+            "--image",
+            metavar="REF",
+            help="take the image and its launch profiles from this image alone (pulled if "
+            "absent; no checkout or manifest needed)",
+        )
         command.add_argument("--manifest", help="manifest to take the image from (default: latest)")
         command.add_argument("--manifest-dir", metavar="DIR", help="where manifests are")
         command.add_argument("--model", help="HF model id, or a local weights directory to mount")
@@ -359,6 +409,11 @@ def register(sub) -> None:
     )
     wait.add_argument("--profile", help="take the expected backends and deadline from a profile")
     wait.add_argument(
+        "--image",
+        metavar="REF",
+        help="take the profiles from this image's recipe instead of a checkout (pulled if absent)",
+    )
+    wait.add_argument(
         "--expect",
         action="append",
         default=[],
@@ -375,6 +430,24 @@ def register(sub) -> None:
     wait.add_argument("--json", action="store_true", help="print the verdict as JSON on stdout")
     wait.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     wait.set_defaults(func=cmd_wait_ready)
+
+    verify_cmd = sub.add_parser(
+        "verify",
+        help="check inside an image everything its recipe promises",
+        description="Check an image against the recipe it carries (/opt/builder/recipe.json), "
+        "in a container without network: labels; every wheel installed at its version with "
+        "every file matching its RECORD sha256; the lines each patch adds; builder's own "
+        "kernel wheel for exactly the installed flashinfer build (never the official "
+        "flashinfer-jit-cache), every listed module loading from it with JIT disabled, byte "
+        "for byte, with GPU code for the target arch; `pip check`. One line per check; exit "
+        "code 0 when all pass, 1 otherwise. Pulls the image when it is not here.\n\n"
+        "example: builder verify registry.example.com/ml/sglang-sm120@sha256:...",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    verify_cmd.add_argument("image", metavar="IMAGE", help="image reference (tag or digest)")
+    verify_cmd.add_argument("--json", action="store_true", help="print the checks as JSON")
+    verify_cmd.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    verify_cmd.set_defaults(func=cmd_verify)
 
     doctor_cmd = sub.add_parser(
         "doctor",

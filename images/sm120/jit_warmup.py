@@ -6,7 +6,7 @@ kernel-builder stage, or on a GPU host). For each generator `package.module:func
 writes the module's ninja file (exactly what FlashInfer writes at run time) and computes the
 module's lookup key: the module name, that ninja file (compile flags, arch, source paths),
 the contents of its sources (generated ones included), the nvcc version and the arch list.
-An entry (`--entries`, `<key>.kernel.tar`) made by an earlier build is reused when every
+An entry (`--entries`, `<lookup>.<key>.kernel.tar`) of an earlier build is reused when every
 file it recorded as an input (the sources and every header nvcc read, from ninja's deps)
 still has the same sha256; otherwise the module compiles, in parallel with the others, with
 the same `ninja -C <dir>` FlashInfer runs. The first failure stops every other compile and
@@ -369,9 +369,9 @@ def changed_inputs(record: dict) -> list[str]:
 
 
 def write_entry(out: Path, record: dict, library: Path) -> Path:
-    """`<lookup key>.kernel.tar`: entry.json (key, inputs, sha256) and the module's .so."""
+    """`<lookup key>.<key>.kernel.tar`: entry.json (key, inputs, sha256) and the .so."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{record['lookup']}{ENTRY_SUFFIX}"
+    path = out / f"{record['lookup']}.{record['key'][:16]}{ENTRY_SUFFIX}"
     body = json.dumps(record, indent=2, sort_keys=True).encode() + b"\n"
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
         info = tarfile.TarInfo("entry.json")
@@ -397,18 +397,24 @@ def has_device_code(spec) -> bool:
 
 
 def decide(spec, lookup: str, entries: Path | None) -> tuple[dict | None, bytes, str]:
-    """(entry record, .so bytes, why) to reuse a module, or (None, b"", why) to compile it."""
-    path = entries / f"{lookup}{ENTRY_SUFFIX}" if entries else None
-    if path is None or not path.is_file():
+    """(entry record, .so bytes, why) to reuse a module, or (None, b"", why) to compile it.
+    Several entries may share a lookup key (one per header variant): the one whose every
+    recorded input is unchanged is reused."""
+    candidates = sorted(entries.glob(f"{lookup}.*{ENTRY_SUFFIX}")) if entries else []
+    if not candidates:
         return None, b"", "compile: no entry with this key"
-    record, library, problem = read_entry(path, spec.name)
-    if problem:
-        print(f"jit-warmup: warning: {problem}; compiling {spec.name} again", flush=True)
-        return None, b"", f"compile: {problem}"
-    changed = changed_inputs(record)
-    if changed:
-        return None, b"", f"compile: {len(changed)} input(s) changed, first {changed[0]}"
-    return record, library, f"reuse: its {len(record['inputs'])} inputs are unchanged"
+    why = ""
+    for path in candidates:
+        record, library, problem = read_entry(path, spec.name)
+        if problem:
+            print(f"jit-warmup: warning: {problem}; compiling {spec.name} again", flush=True)
+            why = why or f"compile: {problem}"
+            continue
+        changed = changed_inputs(record)
+        if not changed:
+            return record, library, f"reuse: its {len(record['inputs'])} inputs are unchanged"
+        why = why or f"compile: {len(changed)} input(s) changed, first {changed[0]}"
+    return None, b"", why
 
 
 def compile_all(specs: dict, jobs: int) -> dict[str, float]:

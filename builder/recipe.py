@@ -1,0 +1,117 @@
+"""What an image promises, carried inside it (`/opt/builder/recipe.json`).
+
+`builder image` writes the recipe into the build context and the image's last layer, so a
+GPU VM with no checkout of this repository can launch, deploy, wait for and verify a server
+from the image reference alone: the target, its launch profiles as they were at build
+time, the pins and patch hashes, every wheel's version and sha256 (the kernel wheel too),
+the lines each patch adds per installed file, and the JIT module list. The manifest on the
+build host records the same facts (a test checks that they agree).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import docker
+from docker.errors import APIError, ImageNotFound, NotFound
+
+from builder import launch, progress, registry
+from builder.errors import BuilderError
+from builder.patches import ForkResult
+from builder.target import Target
+from builder.wheels import BuiltWheel, patched_lines
+
+RECIPE_PATH = "/opt/builder/recipe.json"
+SCHEMA_VERSION = 1
+
+
+def build_recipe(
+    target: Target,
+    forks: dict[str, ForkResult],
+    wheels: dict[str, BuiltWheel],
+    jit_modules: tuple[str, ...],
+) -> dict:
+    profiles, default = launch.load_profiles(target.file)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "target": {
+            "name": target.name,
+            "description": target.description,
+            "cuda_version": str(target.cuda_version),
+            "arch_list": list(target.arch_list),
+        },
+        "upstreams": {
+            name: {
+                "commit": fork.upstream_commit,
+                "fork_commit": fork.fork_commit,
+                "series_sha256": fork.series_sha256,
+                "patches": [{"file": p.path.name, "sha256": p.sha256} for p in fork.patches],
+            }
+            for name, fork in forks.items()
+        },
+        "wheels": {
+            name: {
+                "dist_name": wheel.dist_name,
+                "version": wheel.version,
+                "filename": wheel.filename,
+                "sha256": wheel.sha256,
+            }
+            for name, wheel in wheels.items()
+        },
+        "patched_lines": {
+            name: patched_lines(wheels[name].path, forks[name].patches)
+            for name in forks
+            if name in wheels
+        },
+        "jit_modules": list(jit_modules),
+        "profiles": {"default": default, "profiles": profiles},
+    }
+
+
+def write(recipe: dict, directory: Path) -> Path:
+    path = directory / "builder-recipe.json"
+    path.write_text(json.dumps(recipe, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def _ensure_image(client: docker.DockerClient, reference: str) -> None:
+    try:
+        client.images.get(reference)
+    except ImageNotFound:
+        try:
+            with progress.task(f"pull {reference}"):
+                client.images.pull(reference, auth_config=registry.auth())
+        except (APIError, NotFound) as exc:
+            reason = str(getattr(exc, "explanation", None) or exc).strip().splitlines()[0]
+            raise BuilderError(
+                f"--image {reference}: not here and cannot be pulled ({reason}); "
+                "log in with `docker login` or `docker load -i` it"
+            ) from None
+
+
+def from_image(client: docker.DockerClient, reference: str) -> dict:
+    """The recipe inside `reference`, pulling the image first when it is not here."""
+    from builder.image import read_file_from_image
+
+    _ensure_image(client, reference)
+    try:
+        data = read_file_from_image(client, reference, RECIPE_PATH)
+    except (NotFound, APIError):
+        raise BuilderError(
+            f"--image {reference}: holds no {RECIPE_PATH} (not built by this builder version)"
+        ) from None
+    recipe = json.loads(data)
+    if recipe.get("schema_version") != SCHEMA_VERSION:
+        raise BuilderError(
+            f"--image {reference}: recipe schema {recipe.get('schema_version')}, "
+            f"this builder reads {SCHEMA_VERSION}"
+        )
+    return recipe
+
+
+def profiles_of(recipe: dict, reference: str) -> launch.Profiles:
+    """The launch profiles an image was built with, for `launch.resolve`."""
+    return launch.Profiles(
+        recipe["profiles"]["profiles"], recipe["profiles"]["default"], f"{reference}:{RECIPE_PATH}"
+    )

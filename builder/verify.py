@@ -1,0 +1,85 @@
+"""`builder verify IMAGE`: everything the image's recipe promises, checked inside it.
+
+The labels are compared here; the rest runs in a container of the image, without network,
+with the image's own Python (`image_check.py`): installed wheels against the recipe and
+their RECORD hashes, the patched lines, the kernel wheel and its modules, `pip check`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+
+from builder import recipe as image_recipe
+from builder.errors import BuilderError
+from builder.image import LABEL_PREFIX
+
+_SCRIPT = Path(__file__).with_name("image_check.py")
+_IN_CONTAINER = "/tmp/builder-image-check.py"
+_MARK = "BUILDER-VERIFY "
+
+
+@dataclass(frozen=True)
+class Check:
+    check: str
+    ok: bool
+    detail: str
+
+    def to_json(self) -> dict:
+        return {"check": self.check, "ok": self.ok, "detail": self.detail}
+
+
+def _label_check(labels: dict[str, str], recipe: dict) -> Check:
+    expected = {f"{LABEL_PREFIX}target": recipe["target"]["name"]}
+    for name, wheel in recipe["wheels"].items():
+        expected[f"{LABEL_PREFIX}{name}.wheel-sha256"] = wheel["sha256"]
+    for name, upstream in recipe["upstreams"].items():
+        expected[f"{LABEL_PREFIX}{name}.fork-commit"] = upstream["fork_commit"]
+        expected[f"{LABEL_PREFIX}{name}.patch-series-sha256"] = upstream["series_sha256"]
+    wrong = sorted(key for key, value in expected.items() if labels.get(key) != value)
+    if wrong:
+        return Check("labels", False, f"{len(wrong)} label(s) disagree with the recipe: {wrong[0]}")
+    return Check("labels", True, f"{len(expected)} labels agree with the recipe")
+
+
+def _script_archive() -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        data = _SCRIPT.read_bytes()
+        info = tarfile.TarInfo(Path(_IN_CONTAINER).name)
+        info.size, info.mode = len(data), 0o644
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def verify(client: docker.DockerClient, reference: str) -> tuple[dict, list[Check]]:
+    """(the image's recipe, one check per promise); pulls the image when it is not here."""
+    recipe = image_recipe.from_image(client, reference)
+    checks = [_label_check(client.images.get(reference).labels or {}, recipe)]
+    container = client.containers.create(
+        reference,
+        [_IN_CONTAINER, image_recipe.RECIPE_PATH],
+        entrypoint=["python"],
+        network_mode="none",
+    )
+    try:
+        container.put_archive(str(Path(_IN_CONTAINER).parent), _script_archive())
+        container.start()
+        status = container.wait(timeout=900)
+        output = container.logs(stdout=True, stderr=True).decode(errors="replace")
+    finally:
+        container.remove(force=True)
+    found = [line for line in output.splitlines() if line.startswith(_MARK)]
+    if not found:
+        tail = "\n".join(output.strip().splitlines()[-5:])
+        raise BuilderError(
+            f"verify {reference}: the check in the image ended with exit code "
+            f"{status.get('StatusCode')} and no result:\n{tail}"
+        )
+    checks += [Check(**item) for item in json.loads(found[-1][len(_MARK) :])]
+    return recipe, checks

@@ -1,0 +1,184 @@
+"""The image describes itself: its recipe agrees with the build host's manifest; `launch`,
+`deploy-files` and `wait-ready` work from `--image REF` alone, in a folder with no checkout,
+pulling the image from the registry; `builder verify` passes on the image and names the
+culprits in a tampered copy. Real engine, real registry, the real test image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REGISTRY_PASSWORD
+from tests.test_image import REGISTRY_ENV, image_args
+
+pytestmark = pytest.mark.docker
+
+
+def bare_builder(folder: Path, docker_host: str, *args: str, check: bool = True):
+    """`builder` as the VM operator runs it: no checkout, no data directory, no manifests."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("BUILDER_DATA")}
+    env.update(DOCKER_HOST=docker_host, BUILDER_CONFIG="/nonexistent", COLUMNS="200")
+    env.update(REGISTRY_ENV)
+    result = subprocess.run(
+        [sys.executable, "-m", "builder.cli", *args],
+        capture_output=True, text=True, cwd=folder, env=env,
+    )  # fmt: skip
+    if check and result.returncode:
+        raise AssertionError(f"builder {' '.join(args)} failed:\n{result.stderr}")
+    return result
+
+
+def test_the_recipe_in_the_image_agrees_with_the_manifest(built_image, docker_client) -> None:
+    from builder.image import read_file_from_image
+    from builder.recipe import RECIPE_PATH
+
+    _, image, manifest_path = built_image
+    manifest = json.loads(manifest_path.read_text())
+    recipe = json.loads(read_file_from_image(docker_client, image["reference"], RECIPE_PATH))
+    assert recipe["target"] == {k: manifest["target"][k] for k in recipe["target"]}
+    for name, upstream in recipe["upstreams"].items():
+        recorded = manifest["upstreams"][name]
+        assert upstream["commit"] == recorded["commit"]
+        assert upstream["fork_commit"] == recorded["fork_commit"]
+        assert upstream["series_sha256"] == recorded["series_sha256"]
+        assert upstream["patches"] == recorded["patches"]
+    assert set(recipe["wheels"]) == set(manifest["wheels"]) == {"sglang", "flashinfer", "kernels"}
+    for name, wheel in recipe["wheels"].items():
+        for field in ("filename", "version", "sha256", "dist_name"):
+            assert wheel[field] == manifest["wheels"][name][field]
+    assert recipe["jit_modules"] == manifest["image_options"]["jit_modules"]
+    assert set(recipe["profiles"]["profiles"]) == set(manifest["launch"])
+    assert recipe["patched_lines"]["flashinfer"], "the patched lines travel with the image"
+
+
+def test_launch_and_deploy_files_from_a_pulled_image_alone(
+    built_image, docker_client, docker_host, registry, test_base, runtime_index, tmp_path
+) -> None:
+    builder, _, _ = built_image
+    repository = f"{registry}/vm/sglang-sm120"
+    args = image_args(test_base, runtime_index, "--push", repository, "--json")
+    pushed = json.loads(builder.run(*args, env=REGISTRY_ENV).stdout)["image"]["pushed"]
+    reference = pushed["reference"]
+    docker_client.images.remove(f"{repository}:{pushed['tag']}")
+
+    launched = bare_builder(
+        tmp_path, docker_host, "launch", "--image", reference, "--port", "8123",
+        "--set", "mem_fraction=0.8", "--json",
+    )  # fmt: skip
+    assert REGISTRY_PASSWORD not in launched.stdout + launched.stderr
+    recipe = json.loads(launched.stdout)
+    assert recipe["image"] == reference
+    assert recipe["url"] == "http://127.0.0.1:8123"
+    assert "--port" in recipe["args"] and "8123" in recipe["args"]
+    assert "0.8" in recipe["args"]
+    assert docker_client.images.get(reference), "pulled from the registry"
+
+    out = tmp_path / "deploy"
+    bare_builder(tmp_path, docker_host, "deploy-files", "--image", reference, "--out", str(out))
+    compose = yaml.safe_load((out / "compose.yaml").read_text())
+    (service,) = compose["services"].values()
+    assert service["image"] == reference
+    assert not list(tmp_path.glob("manifests")), "nothing expected from a checkout"
+
+
+def test_an_image_without_a_recipe_or_out_of_reach_is_one_line(
+    built_image, docker_host, test_base, tmp_path
+) -> None:
+    no_recipe = bare_builder(tmp_path, docker_host, "launch", "--image", test_base, check=False)
+    assert no_recipe.returncode == 1
+    assert f"--image {test_base}: holds no /opt/builder/recipe.json" in no_recipe.stderr
+    missing = bare_builder(
+        tmp_path, docker_host, "launch", "--image", "127.0.0.1:9/none:1", check=False
+    )
+    assert missing.returncode == 1
+    (line,) = [line for line in missing.stderr.splitlines() if line.startswith("error:")]
+    assert "--image 127.0.0.1:9/none:1: not here and cannot be pulled" in line
+
+
+def test_verify_passes_on_the_image(built_image, docker_host, tmp_path) -> None:
+    _, image, _ = built_image
+    result = bare_builder(tmp_path, docker_host, "verify", image["reference"], "--json")
+    checks = {c["check"]: c for c in json.loads(result.stdout)["checks"]}
+    assert all(c["ok"] for c in checks.values()), checks
+    assert set(checks) == {
+        "labels", "wheel sglang", "wheel flashinfer", "wheel kernels", "patches sglang",
+        "patches flashinfer", "kernel wheel", "kernels load", "pip check",
+    }  # fmt: skip
+    text = bare_builder(tmp_path, docker_host, "verify", image["reference"]).stdout
+    assert len(text.strip().splitlines()) == len(checks) + 1  # one line per check, a verdict
+
+
+def _tampered_copy(docker_client, reference: str) -> str:
+    """The image with one module .so replaced and one installed file of a wheel edited."""
+    script = (
+        "set -e; site=$(python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])'); "
+        "printf 'not a kernel' > $site/flashinfer_jit_cache/jit_cache/norm/norm.so; "
+        "echo '# edited on the VM' >> $site/flashinfer/jit/comm.py"
+    )
+    container = docker_client.containers.run(
+        reference, ["-c", script], entrypoint=["sh"], detach=True, network_mode="none"
+    )
+    try:
+        assert container.wait(timeout=120)["StatusCode"] == 0, container.logs().decode()
+        tampered = container.commit(repository="sglang-sm120-tampered", tag="test")
+    finally:
+        container.remove(force=True)
+    return tampered.tags[0]
+
+
+def test_verify_names_the_culprits_in_a_tampered_copy(
+    built_image, docker_client, docker_host, tmp_path
+) -> None:
+    _, image, _ = built_image
+    tampered = _tampered_copy(docker_client, image["reference"])
+    try:
+        result = bare_builder(tmp_path, docker_host, "verify", tampered, "--json", check=False)
+        assert result.returncode == 1
+        checks = {c["check"]: c for c in json.loads(result.stdout)["checks"]}
+        failed = {name for name, c in checks.items() if not c["ok"]}
+        assert failed == {"wheel flashinfer", "wheel kernels", "kernels load"}, checks
+        assert "flashinfer/jit/comm.py" in checks["wheel flashinfer"]["detail"]
+        assert "jit_cache/norm/norm.so" in checks["wheel kernels"]["detail"]
+        assert "norm.so" in checks["kernels load"]["detail"]
+        text = bare_builder(tmp_path, docker_host, "verify", tampered, check=False).stdout
+        assert "FAIL wheel flashinfer" in text and text.strip().endswith("3 of 9 checks failed")
+    finally:
+        docker_client.images.remove(tampered, force=True)
+
+
+def test_wait_ready_takes_its_expectations_from_the_image(
+    built_image, docker_client, docker_host, tmp_path
+) -> None:
+    """The stand-in server answers with another quantization than the image's profile
+    expects: wait-ready --image reports the mismatch without any checkout."""
+    from tests.services import free_port
+    from tests.test_readiness import GOOD_INFO, STANDIN
+
+    _, image, _ = built_image
+    port = free_port()
+    info = {**GOOD_INFO, "quantization": "fp8"}
+    container = docker_client.containers.run(
+        image["reference"], [str(port)], entrypoint=["python", "/standin.py"],
+        detach=True, network_mode="host",
+        environment={"SERVER_INFO": json.dumps(info)},
+        volumes={str(STANDIN): {"bind": "/standin.py", "mode": "ro"}},
+    )  # fmt: skip
+    try:
+        result = bare_builder(
+            tmp_path, docker_host, "wait-ready", f"http://127.0.0.1:{port}",
+            "--image", image["reference"], "--container", container.name, "--poll", "0.5",
+            "--json", check=False,
+        )  # fmt: skip
+    finally:
+        container.remove(force=True)
+    assert result.returncode == 5, result.stderr
+    verdict = json.loads(result.stdout)
+    assert verdict["state"] == "mismatch"
+    assert "quantization" in verdict["message"]
