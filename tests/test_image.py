@@ -139,7 +139,7 @@ def test_sglang_patch_change_rebuilds_only_the_server_stage(
         )
         assert plan["stages"]["runtime"]["rebuild"] is None
         assert plan["stages"]["flashinfer"]["rebuild"] is None
-        assert plan["stages"]["server"]["rebuild"] == "sglang wheel changed"
+        assert plan["stages"]["server"]["rebuild"] == "sglang wheel or launch profiles changed"
 
         rebuilt = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
         assert rebuilt["image"]["reference"] != image["reference"]
