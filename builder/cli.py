@@ -12,8 +12,17 @@ from builder.commands.common import EPILOG
 from builder.errors import EXIT_CODES, EXIT_CODES_HELP, BuilderError
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is bad input: exit code 1 as in the table (argparse's own is 2, which
+    here means an internal error)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_CODES["error"], f"error: {self.prog}: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="builder",
         description="Turn pinned upstream sources plus a patch series into patched wheels and a "
         "ready-to-run CUDA image. Stages: sources -> patch -> wheels -> image (-> push, "

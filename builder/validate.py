@@ -62,6 +62,28 @@ def repository(flag: str, value: str) -> str:
     return value
 
 
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def image_reference(flag: str, value: str) -> str:
+    """`REPOSITORY[:TAG][@sha256:DIGEST]`, as `docker pull` takes it."""
+    name, _, digest = value.partition("@")
+    last = name.rsplit("/", 1)[-1]
+    tag = last.partition(":")[2] if ":" in last else ""
+    repository = name[: len(name) - len(tag) - 1] if tag else name
+    if (
+        not _REPOSITORY.match(repository)
+        or (tag and not _TAG.match(tag))
+        or (digest and not _DIGEST.match(digest))
+    ):
+        raise BuilderError(
+            f"{flag} {value}: not an image reference (REPOSITORY[:TAG][@sha256:DIGEST], "
+            "e.g. registry.example.com/ml/sglang-sm120@sha256:...)"
+        )
+    return value
+
+
 def server_url(what: str, value: str) -> str:
     """A server root, `http(s)://HOST:PORT` (the readiness stages add their own paths)."""
     parts = urlsplit(value)

@@ -76,8 +76,9 @@ class Builder:
         command, *rest = args
         if command == "patches":  # `patches ACTION` takes the options after the action
             command, rest = f"patches {rest[0]}", rest[1:]
-        options = ["--data-dir", str(self.data_dir)]
-        if command.split()[0] in ("sources", "patch", "wheels", "image", "publish", "patches"):
+        options = [] if command == "verify" else ["--data-dir", str(self.data_dir)]
+        fetches = ("sources", "patch", "wheels", "image", "publish", "patches")
+        if command.split()[0] in fetches and command != "patches list":
             options += ["--cache-dir", str(self.cache_dir), "--mirror", self.mirror]
         if command in ("wheels", "image", "publish"):
             options += ["--wheelhouse", str(self.wheelhouse)]

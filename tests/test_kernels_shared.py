@@ -225,7 +225,7 @@ def test_a_plain_venv_loads_the_kernels_from_the_index_without_compiling(
     process, port = start_pypiserver(packages, tmp_path / "index.log", auth=("ci", "pw"))
     try:
         builder.run(
-            "publish", "--index", f"http://127.0.0.1:{port}/",
+            "publish", "--publish-index", f"http://127.0.0.1:{port}/",
             env={"TWINE_USERNAME": "ci", "TWINE_PASSWORD": "pw"},
         )  # fmt: skip
         wheels = json.loads(Path(first["manifest"]).read_text())["wheels"]

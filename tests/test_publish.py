@@ -65,7 +65,7 @@ def _pip_install(python: Path, *args: str) -> dict[str, str]:
 def test_upload_then_pip_installs_the_sm120_wheels(built, index, tmp_path) -> None:
     builder, wheels = built
     url, _, log = index
-    result = builder.run("publish", "--index", url, "--json", env=_creds())
+    result = builder.run("publish", "--publish-index", url, "--json", env=_creds())
     published = json.loads(result.stdout)["published"]
     for name, wheel in wheels.items():
         (record,) = published[name]
@@ -83,7 +83,7 @@ def test_upload_then_pip_installs_the_sm120_wheels(built, index, tmp_path) -> No
     assert installed["sglang"] == wheels["sglang"]["version"]
     assert installed["flashinfer-python"] == wheels["flashinfer"]["version"]
 
-    again = json.loads(builder.run("publish", "--index", url, "--json", env=_creds()).stdout)
+    again = json.loads(builder.run("publish", "--publish-index", url, "--json", env=_creds()).stdout)
     assert {r[0]["action"] for r in again["published"].values()} == {"already-present"}
 
     texts = [result.stdout, result.stderr, log.read_text()]
@@ -97,7 +97,7 @@ def test_same_name_different_content_is_refused(built, index) -> None:
     url, packages, _ = index
     impostor = packages / wheels["sglang"]["filename"]
     impostor.write_bytes(b"not the wheel we built")
-    result = builder.run("publish", "--index", url, env=_creds(), check=False)
+    result = builder.run("publish", "--publish-index", url, env=_creds(), check=False)
     assert result.returncode == 1
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
     assert f"already has {wheels['sglang']['filename']}" in line and "refusing to overwrite" in line
@@ -108,7 +108,7 @@ def test_wrong_password_is_one_clear_line_and_records_nothing(built, index) -> N
     builder, _ = built
     url, packages, _ = index
     manifests_before = set((builder.data_dir / "manifests").rglob("*.json"))
-    result = builder.run("publish", "--index", url, env=_creds("wrong-Password-42"), check=False)
+    result = builder.run("publish", "--publish-index", url, env=_creds("wrong-Password-42"), check=False)
     assert result.returncode == 1
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
     assert "403" in line and "TWINE_USERNAME" in line
@@ -119,7 +119,7 @@ def test_wrong_password_is_one_clear_line_and_records_nothing(built, index) -> N
 
 def test_index_down(built) -> None:
     builder, _ = built
-    result = builder.run("publish", "--index", "http://127.0.0.1:9/", env=_creds(), check=False)
+    result = builder.run("publish", "--publish-index", "http://127.0.0.1:9/", env=_creds(), check=False)
     assert result.returncode == 1
     assert "error: index http://127.0.0.1:9/simple/ is unreachable" in result.stderr
 
@@ -127,7 +127,7 @@ def test_index_down(built) -> None:
 def test_static_index_installs_with_require_hashes(built, tmp_path) -> None:
     builder, wheels = built
     static = tmp_path / "static"
-    first = json.loads(builder.run("publish", "--static", str(static), "--json").stdout)
+    first = json.loads(builder.run("publish", "--publish-static", str(static), "--json").stdout)
     assert {r[0]["action"] for r in first["published"].values()} == {"written"}
     page = (static / "simple/sglang/index.html").read_text()
     assert f"#sha256={wheels['sglang']['sha256']}" in page
@@ -152,20 +152,20 @@ def test_static_index_installs_with_require_hashes(built, tmp_path) -> None:
     )
     assert installed["sglang"] == wheels["sglang"]["version"]
 
-    again = json.loads(builder.run("publish", "--static", str(static), "--json").stdout)
+    again = json.loads(builder.run("publish", "--publish-static", str(static), "--json").stdout)
     assert {r[0]["action"] for r in again["published"].values()} == {"already-present"}
 
 
 def test_static_index_keeps_earlier_wheels(built, tmp_path) -> None:
     builder, wheels = built
     static = tmp_path / "static"
-    builder.run("publish", "--static", str(static), "--upstream", "sglang")
+    builder.run("publish", "--publish-static", str(static), "--upstream", "sglang")
     patch = sorted((builder.data_dir / "forks/sglang/patches/sm120").glob("0001-*"))[0]
     original = patch.read_text()
     patch.write_text(original.replace("\n---\n", "\nTested-by: static index test\n---\n", 1))
     try:
         result = json.loads(
-            builder.run("publish", "--static", str(static), "--upstream", "sglang", "--json").stdout
+            builder.run("publish", "--publish-static", str(static), "--upstream", "sglang", "--json").stdout
         )
     finally:
         patch.write_text(original)

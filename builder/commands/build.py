@@ -22,7 +22,7 @@ from builder import (
     validate,
 )
 from builder.cache import atomic_copy, locked, sha256_file
-from builder.commands.common import add_command, context, emit
+from builder.commands.common import FETCH, PROJECT, add_command, context, emit
 from builder.errors import BuilderError
 from builder.urls import has_credentials, redact
 from builder.wheels import BuiltWheel
@@ -113,16 +113,25 @@ def cmd_wheels(args: argparse.Namespace) -> None:
     emit(args, result, lines)
 
 
-def cmd_image(args: argparse.Namespace) -> None:
-    _check_publish_args(args, "--publish", "--publish-static")
-    if args.push:
-        validate.repository("--push", args.push)
-    if args.kernel_registry:
-        validate.repository("--kernel-registry", args.kernel_registry)
-    ctx = context(args)
-    if ctx.only:
-        raise BuilderError("--upstream: builder image needs every upstream of the target")
+def _image_options(args: argparse.Namespace, ctx: pipeline.Context) -> image.ImageOptions:
+    """Every `builder image` choice resolved in one place (flag, else environment, else the
+    target's data) and validated before anything is fetched or built."""
     target = ctx.target
+    kernel_registry = args.kernel_registry or os.environ.get(KERNEL_REGISTRY_ENV) or None
+    if kernel_registry:
+        validate.repository(f"--kernel-registry (or {KERNEL_REGISTRY_ENV})", kernel_registry)
+    if args.jit_jobs < 0:
+        raise BuilderError(f"--jit-jobs {args.jit_jobs}: must be 0 (from cores and memory) or more")
+    requirements = Path(args.runtime_requirements) if args.runtime_requirements else None
+    if requirements and not requirements.is_file():
+        raise BuilderError(f"--runtime-requirements {requirements}: no such file")
+    modules = (
+        tuple(m.strip() for m in args.jit_modules.split(";") if m.strip())
+        if args.jit_modules is not None
+        else target.jit_modules
+    )
+    if not modules:
+        raise BuilderError("--jit-modules: empty; name at least one generator")
     options = image.ImageOptions(
         base_image=args.base_image or target.image.base,
         pip_index_url=args.pip_index_url or target.image.pip_index_url,
@@ -131,23 +140,27 @@ def cmd_image(args: argparse.Namespace) -> None:
             if args.pip_extra_index_url is None
             else args.pip_extra_index_url
         ),
-        runtime_requirements=Path(args.runtime_requirements) if args.runtime_requirements else None,
-        jit_modules=(
-            tuple(m.strip() for m in args.jit_modules.split(";") if m.strip())
-            if args.jit_modules
-            else target.jit_modules
-        ),
+        runtime_requirements=requirements,
+        jit_modules=modules,
         jit_jobs=args.jit_jobs,
         network_host=args.network_host,
         kernel_packs_dir=kernels.packs_dir(ctx.cache_dir),
-        kernel_registry=args.kernel_registry or os.environ.get(KERNEL_REGISTRY_ENV) or None,
+        kernel_registry=kernel_registry,
     )
-    if options.runtime_requirements and not options.runtime_requirements.is_file():
-        raise BuilderError(f"--runtime-requirements {options.runtime_requirements}: no such file")
     provenance.refuse_credentials_in_build_args("--pip-index-url", options.pip_index_url)
     provenance.refuse_credentials_in_build_args(
         "--pip-extra-index-url", options.pip_extra_index_url
     )
+    return options
+
+
+def cmd_image(args: argparse.Namespace) -> None:
+    _check_publish_args(args)
+    if args.push:
+        validate.repository("--push", args.push)
+    ctx = context(args)
+    target = ctx.target
+    options = _image_options(args, ctx)
     if args.push and not args.plan:
         provenance.refuse_dirty_push(ctx.data_dir, args.allow_dirty)
     client = docker_client.connect()
@@ -249,19 +262,19 @@ def _into_wheelhouse(wheel: BuiltWheel, wheelhouse: Path) -> BuiltWheel:
     return dataclasses.replace(wheel, path=destination)
 
 
-def _check_publish_args(args: argparse.Namespace, url_flag: str, static_flag: str) -> None:
+def _check_publish_args(args: argparse.Namespace) -> None:
     """Where to publish, checked before anything is built."""
     if args.publish:
-        validate.http_url(url_flag, args.publish)
+        validate.http_url("--publish-index", args.publish)
         if has_credentials(args.publish):
             raise BuilderError(
-                f"{url_flag} {redact(args.publish)}: credentials go in TWINE_USERNAME/"
-                "TWINE_PASSWORD, keyring or ~/.pypirc (--repository), not in the URL"
+                f"--publish-index {redact(args.publish)}: credentials go in TWINE_USERNAME/"
+                "TWINE_PASSWORD, keyring or ~/.pypirc (--publish-repository), not in the URL"
             )
     if args.publish_simple:
-        validate.http_url("--index-simple", args.publish_simple)
+        validate.http_url("--publish-simple", args.publish_simple)
     if args.publish_static:
-        validate.writable_dir(static_flag, args.publish_static)
+        validate.writable_dir("--publish-static", args.publish_static)
 
 
 def _publish(args: argparse.Namespace, wheels: dict) -> dict[str, list[dict]]:
@@ -283,38 +296,50 @@ def _publish(args: argparse.Namespace, wheels: dict) -> dict[str, list[dict]]:
     return published
 
 
-def _publish_options(command: argparse.ArgumentParser, flag: str, static_flag: str) -> None:
+def _publish_options(command: argparse.ArgumentParser, *old_names: str) -> None:
+    """The same four publishing options, by the same names, on `image` and `publish`;
+    `old_names` (earlier spellings: --publish, --index, --static) keep working, unlisted."""
     command.add_argument(
-        flag,
+        "--publish-index",
         dest="publish",
         metavar="URL",
         help="upload the wheels to this index's upload URL (pypiserver, devpi, Artifactory); "
         "credentials from TWINE_USERNAME/TWINE_PASSWORD, keyring or ~/.pypirc",
     )
     command.add_argument(
-        "--index-simple",
+        "--publish-simple",
         dest="publish_simple",
         metavar="URL",
         help="the index's simple (PEP 503/691) URL, to check and verify (default: URL/simple/)",
     )
     command.add_argument(
-        "--repository",
+        "--publish-repository",
         dest="publish_repository",
         metavar="NAME",
         help="a ~/.pypirc section to take the upload URL and credentials from",
     )
     command.add_argument(
-        static_flag,
+        "--publish-static",
         dest="publish_static",
         metavar="DIR",
         help="write/extend a static PEP 503 index (+ PEP 691 JSON) in DIR",
     )
+    hidden = {"--index-simple": "publish_simple", "--repository": "publish_repository"}
+    hidden.update({name: _OLD_NAMES[name] for name in old_names})
+    for name, dest in hidden.items():
+        command.add_argument(name, dest=dest, help=argparse.SUPPRESS)
+
+
+_OLD_NAMES = {"--publish": "publish", "--index": "publish", "--static": "publish_static"}
 
 
 def cmd_publish(args: argparse.Namespace) -> None:
     if not (args.publish or args.publish_static or args.publish_repository):
-        raise BuilderError("builder publish needs --index URL, --repository NAME or --static DIR")
-    _check_publish_args(args, "--index", "--static")
+        raise BuilderError(
+            "builder publish needs --publish-index URL, --publish-repository NAME or "
+            "--publish-static DIR"
+        )
+    _check_publish_args(args)
     ctx = context(args)
     forks, wheels = _forks_and_wheels(args, ctx)
     kernel_wheel = _latest_kernel_wheel(_wheelhouse(args, ctx), wheels.get("flashinfer"))
@@ -388,6 +413,7 @@ def register(sub) -> None:
         "  builder image --target sm120 --plan\n"
         "  builder image --target sm120 --push registry.example.com/ml/sglang-sm120\n"
         "  builder image --base-image my-cuda:12.8 --pip-index-url https://pypi.internal/simple",
+        uses=(PROJECT, FETCH),
     )
     _add_wheelhouse(image_cmd)
     image_cmd.add_argument("--base-image", metavar="REF", help="base image (default: the target's)")
@@ -433,7 +459,7 @@ def register(sub) -> None:
         default=0,
         help="parallel compile jobs (default 0: from cores and memory)",
     )
-    _publish_options(image_cmd, "--publish", "--publish-static")
+    _publish_options(image_cmd, "--publish")
     image_cmd.add_argument(
         "--manifest-dir",
         metavar="DIR",
@@ -455,8 +481,8 @@ def register(sub) -> None:
         "with another sha256 is refused. Each wheel is resolved back from the index and its "
         "sha256 compared before it is recorded as published in the manifest.\n\n"
         "examples:\n"
-        "  TWINE_USERNAME=ci TWINE_PASSWORD=... builder publish --index https://pypi.internal/\n"
-        "  builder publish --static /srv/www/wheels   # then pip install --index-url "
+        "  TWINE_USERNAME=ci TWINE_PASSWORD=... builder publish --publish-index https://pypi.internal/\n"
+        "  builder publish --publish-static /srv/www/wheels   # then pip install --index-url "
         "https://host/wheels/simple/ sglang==0.5.9",
     )
     _add_wheelhouse(publish_cmd)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 from builder import pipeline, validate
 from builder.settings import (
@@ -30,10 +31,23 @@ config file: {config_file()} ([mirrors] table of "FROM" = "TO")
 """
 
 
-def add_common(parser: argparse.ArgumentParser) -> None:
+# Options by concern: each command takes exactly the ones it uses.
+PROJECT = "project"  # --target, --data-dir
+SELECTION = "selection"  # --upstream
+FETCH = "fetch"  # --mirror, --cache-dir
+BUILD_COMMAND = (PROJECT, SELECTION, FETCH)
+
+
+def add_project_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target", default=DEFAULT_TARGET, help=f"target under images/ (default: {DEFAULT_TARGET})"
     )
+    parser.add_argument(
+        "--data-dir", help=f"project data directory (default: env {DATA_ENV}, or the checkout)"
+    )
+
+
+def add_selection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--upstream",
         action="append",
@@ -41,6 +55,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="work on this upstream only (repeatable; default: all of the target's)",
     )
+
+
+def add_fetch_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mirror",
         action="append",
@@ -50,22 +67,36 @@ def add_common(parser: argparse.ArgumentParser) -> None:
         "(repeatable; like git's url.<TO>.insteadOf=<FROM>), e.g. "
         "--mirror https://github.com/=https://git.internal/github/",
     )
-    parser.add_argument("--data-dir", help=f"project data directory (env {DATA_ENV})")
-    parser.add_argument("--cache-dir", help=f"cache directory (env {CACHE_ENV})")
+    add_cache_option(parser)
+
+
+def add_cache_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cache-dir", help=f"cache directory (default: env {CACHE_ENV}, or the user cache dir)"
+    )
+
+
+def add_output_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
 
 def context(args: argparse.Namespace) -> pipeline.Context:
+    """The pipeline's context from a command's options (those it does not take: defaults)."""
     data_dir = resolve_data_dir(args.data_dir)
+    target = load_target(data_dir, args.target)
+    mirrors = resolve_mirrors(getattr(args, "mirror", []))
+    only = tuple(getattr(args, "upstream", []))
+    pipeline.Context(target, data_dir, Path(), mirrors, only).selected()  # names checked first
     return pipeline.Context(
-        target=load_target(data_dir, args.target),
+        target=target,
         data_dir=data_dir,
         cache_dir=validate.writable_dir(
-            "--cache-dir (or BUILDER_CACHE_DIR)", str(resolve_cache_dir(args.cache_dir))
+            "--cache-dir (or BUILDER_CACHE_DIR)",
+            str(resolve_cache_dir(getattr(args, "cache_dir", None))),
         ),
-        mirrors=resolve_mirrors(args.mirror),
-        only=tuple(args.upstream),
+        mirrors=mirrors,
+        only=only,
     )
 
 
@@ -76,8 +107,16 @@ def emit(args: argparse.Namespace, result: dict, lines: list[str]) -> None:
         print("\n".join(lines))
 
 
-def add_command(sub, name: str, func: Callable, help_text: str, description: str):
-    """A subcommand with the common options and a help page that teaches its use."""
+def add_command(
+    sub,
+    name: str,
+    func: Callable,
+    help_text: str,
+    description: str,
+    uses: tuple[str, ...] = BUILD_COMMAND,
+):
+    """A subcommand with the option groups it `uses` (and --json, --debug), and a help page
+    that teaches its use."""
     command = sub.add_parser(
         name,
         help=help_text,
@@ -85,6 +124,12 @@ def add_command(sub, name: str, func: Callable, help_text: str, description: str
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_common(command)
+    if PROJECT in uses:
+        add_project_options(command)
+    if SELECTION in uses:
+        add_selection_options(command)
+    if FETCH in uses:
+        add_fetch_options(command)
+    add_output_options(command)
     command.set_defaults(func=func)
     return command

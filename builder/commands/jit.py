@@ -8,9 +8,14 @@ from pathlib import Path
 from docker.errors import NotFound
 
 from builder import docker_client, kernels
-from builder.commands.common import DEFAULT_TARGET, emit
+from builder.commands.common import (
+    add_cache_option,
+    add_output_options,
+    add_project_options,
+    emit,
+)
 from builder.errors import BuilderError
-from builder.settings import CACHE_ENV, DATA_ENV, resolve_cache_dir, resolve_data_dir
+from builder.settings import resolve_cache_dir, resolve_data_dir
 from builder.target import load_target
 
 
@@ -78,10 +83,8 @@ def register(sub) -> None:
         description="Exit code 1 when a profile setting loads FlashInfer modules that are not "
         "listed, or a listed module is loaded by no profile.",
     )
-    listing.add_argument("--target", default=DEFAULT_TARGET, help="target under images/")
-    listing.add_argument("--data-dir", help=f"project data directory (env {DATA_ENV})")
-    listing.add_argument("--json", action="store_true", help="print the result as JSON")
-    listing.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    add_project_options(listing)
+    add_output_options(listing)
     listing.set_defaults(func=cmd_jit_list)
 
     harvest = jit_sub.add_parser(
@@ -103,7 +106,6 @@ def register(sub) -> None:
     harvest.add_argument(
         "--out", help="folder for the pack (default: <cache>/kernel-packs, where image looks)"
     )
-    harvest.add_argument("--cache-dir", help=f"cache directory (env {CACHE_ENV})")
-    harvest.add_argument("--json", action="store_true", help="print the result as JSON")
-    harvest.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    add_cache_option(harvest)
+    add_output_options(harvest)
     harvest.set_defaults(func=cmd_jit_harvest)

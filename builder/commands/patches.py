@@ -9,7 +9,14 @@ from collections.abc import Callable
 
 from builder import series
 from builder.cache import locked
-from builder.commands.common import add_command, context, emit
+from builder.commands.common import (
+    BUILD_COMMAND,
+    PROJECT,
+    SELECTION,
+    add_command,
+    context,
+    emit,
+)
 from builder.errors import EXIT_CODES, BuilderError
 from builder.patches import parse_patch_file
 
@@ -111,7 +118,9 @@ def register(sub) -> None:
     )
 
     def add_patches(name: str, func: Callable, help_text: str, description: str, onto: bool):
-        command = add_command(patches_sub, name, func, help_text, description)
+        # `list` reads the data files only: no fetch, no cache.
+        uses = (PROJECT, SELECTION) if name == "list" else BUILD_COMMAND
+        command = add_command(patches_sub, name, func, help_text, description, uses)
         if onto:
             command.add_argument(
                 "--onto", required=True, metavar="REF", help="upstream tag, branch or commit"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -23,7 +24,13 @@ from builder import (
 )
 from builder import recipe as image_recipe
 from builder.cache import atomic_write_text
-from builder.commands.common import DEFAULT_TARGET, add_command, emit
+from builder.commands.common import (
+    PROJECT,
+    add_command,
+    add_output_options,
+    add_project_options,
+    emit,
+)
 from builder.errors import BuilderError
 from builder.settings import resolve_data_dir
 from builder.target import load_target
@@ -38,6 +45,8 @@ def _recipe(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
     launch.bind_address(args.bind)  # before looking for a manifest
     if args.image and args.manifest:
         raise BuilderError("--image and --manifest: give one (the image carries its recipe)")
+    if args.image:
+        validate.image_reference("--image", args.image)
     params = []
     for item in args.set:
         key, sep, value = item.partition("=")
@@ -62,12 +71,12 @@ def _recipe(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
     else:
         data_dir = resolve_data_dir(args.data_dir)
         target = load_target(data_dir, args.target)
+        # Profile, params and port are checked before any manifest is looked for.
+        recipe = launch.resolve(target.file, args.profile, "-", overrides)
         directory = manifest.manifest_dir(data_dir, args.manifest_dir, target.name)
         path = Path(args.manifest) if args.manifest else manifest.latest_with_image(directory)
         record = manifest.load(path)
-        recipe = launch.resolve(
-            target.file, args.profile, manifest.image_reference(record), overrides
-        )
+        recipe = dataclasses.replace(recipe, image=manifest.image_reference(record))
         if not (record.get("image") or {}).get("pushed"):
             progress.warn(
                 f"{path.name}: the image was not pushed; {recipe.image} exists only on the "
@@ -178,6 +187,8 @@ def cmd_wait_ready(args: argparse.Namespace) -> None:
             raise BuilderError(f"{flag} {value:g}: must be 0 or more (minutes)")
     if args.poll <= 0:
         raise BuilderError(f"--poll {args.poll:g}: must be more than 0 (seconds)")
+    if args.image:
+        validate.image_reference("--image", args.image)
     expect: dict = {}
     deadline = args.deadline
     if args.profile or args.image:
@@ -200,6 +211,7 @@ def cmd_wait_ready(args: argparse.Namespace) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
+    validate.image_reference("verify IMAGE", args.image)
     built, checks = verify.verify(docker_client.connect(), args.image)
     failed = [check for check in checks if not check.ok]
     verdict = (
@@ -224,6 +236,8 @@ def cmd_verify(args: argparse.Namespace) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> None:
+    if args.image:
+        validate.image_reference("--image", args.image)
     data_dir = resolve_data_dir(args.data_dir)
     target = load_target(data_dir, args.target)
     recipe = launch.resolve(target.file, args.profile, args.image or "-", launch.Overrides())
@@ -356,6 +370,7 @@ def register(sub) -> None:
         "  builder launch --target sm120\n"
         "  builder launch --model /data/GLM-5-NVFP4 --set kv_cache_dtype=bf16\n"
         "  builder launch --profile glm5-nvfp4-tp8-fusion   # experimental, prints a warning",
+        uses=(PROJECT,),
     )
     launch_options(launch_cmd)
     launch_cmd.add_argument("--run", action="store_true", help="start it here and wait-ready")
@@ -371,6 +386,7 @@ def register(sub) -> None:
         "allows slow starts, no restart loop) and a systemd unit that runs it, for a launch "
         "profile and the image of a manifest.\n\n"
         "example: builder deploy-files --target sm120 --out deploy/",
+        uses=(PROJECT,),
     )
     launch_options(deploy)
     deploy.add_argument("--out", default="deploy", help="output directory (default: ./deploy)")
@@ -420,15 +436,11 @@ def register(sub) -> None:
         metavar="KEY=VALUE",
         help="/server_info must report this (repeatable)",
     )
-    wait.add_argument(
-        "--target", default=DEFAULT_TARGET, help=f"target of --profile (default: {DEFAULT_TARGET})"
-    )
-    wait.add_argument("--data-dir", help="project data directory (for --profile)")
+    add_project_options(wait)
     wait.add_argument(
         "--poll", type=float, default=2.0, metavar="SECONDS", help="between checks (default: 2)"
     )
-    wait.add_argument("--json", action="store_true", help="print the verdict as JSON on stdout")
-    wait.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    add_output_options(wait)
     wait.set_defaults(func=cmd_wait_ready)
 
     verify_cmd = sub.add_parser(
@@ -445,8 +457,7 @@ def register(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     verify_cmd.add_argument("image", metavar="IMAGE", help="image reference (tag or digest)")
-    verify_cmd.add_argument("--json", action="store_true", help="print the checks as JSON")
-    verify_cmd.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    add_output_options(verify_cmd)
     verify_cmd.set_defaults(func=cmd_verify)
 
     doctor_cmd = sub.add_parser(
@@ -458,15 +469,15 @@ def register(sub) -> None:
         "NVLink) and, with --image, that the image is present. Each failing check says how "
         "to fix it; exit code 1 if any fails.",
     )
-    doctor_cmd.add_argument("--target", default=DEFAULT_TARGET)
-    doctor_cmd.add_argument("--profile")
-    doctor_cmd.add_argument("--image", help="image reference that should be present")
+    add_project_options(doctor_cmd)
+    doctor_cmd.add_argument(
+        "--profile", help="launch profile whose TP size and memory to check (default: the target's)"
+    )
+    doctor_cmd.add_argument("--image", metavar="REF", help="image reference that should be present")
     doctor_cmd.add_argument(
         "--container",
         help="a server container: report FlashInfer modules it compiled at start-up (0 expected)",
     )
-    doctor_cmd.add_argument("--data-dir")
     doctor_cmd.add_argument("--verbose", action="store_true", help="show hints for passing checks")
-    doctor_cmd.add_argument("--json", action="store_true")
-    doctor_cmd.add_argument("--debug", action="store_true")
+    add_output_options(doctor_cmd)
     doctor_cmd.set_defaults(func=cmd_doctor)

@@ -1,0 +1,77 @@
+"""The CLI shows each command exactly the options it uses, each with help, and names the same
+thing the same way everywhere."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from builder.cli import build_parser
+from tests.conftest import REPO_ROOT
+
+FETCH_ONLY = {"--upstream", "--mirror", "--cache-dir"}
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    """Every leaf command, `patches check` and `jit list` included, by its full name."""
+    found = {}
+
+    def walk(parser: argparse.ArgumentParser, prefix: str) -> None:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            found[prefix] = parser
+            return
+        for name, child in subs[0].choices.items():
+            walk(child, f"{prefix} {name}".strip())
+
+    walk(build_parser(), "")
+    return found
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {
+        action.option_strings[0]: action
+        for action in parser._actions
+        if action.option_strings and action.help != argparse.SUPPRESS
+    }
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["launch", "deploy-files", "patches list", "verify", "wait-ready", "doctor", "jit list"],
+)
+def test_commands_that_fetch_nothing_do_not_offer_fetch_options(command: str) -> None:
+    shown = set(_options(_commands()[command]))
+    allowed_selection = {"--upstream"} if command == "patches list" else set()
+    assert not (shown & (FETCH_ONLY - allowed_selection)), shown
+
+
+def test_every_shown_option_has_help_and_says_its_default() -> None:
+    for name, parser in _commands().items():
+        for flag, action in _options(parser).items():
+            if flag == "-h":
+                continue
+            assert action.help, f"builder {name} {flag} has no help"
+            has_default = action.default not in (None, False, [], argparse.SUPPRESS)
+            if has_default and not isinstance(action, argparse._StoreConstAction):
+                assert "default" in action.help, f"builder {name} {flag}: default not stated"
+
+
+def test_image_and_publish_name_the_publishing_options_alike() -> None:
+    commands = _commands()
+    image, publish = set(_options(commands["image"])), set(_options(commands["publish"]))
+    publishing = {"--publish-index", "--publish-simple", "--publish-repository", "--publish-static"}
+    assert publishing <= image and publishing <= publish
+    assert {"--index", "--static", "--publish"} & (image | publish) == set(), "old names unlisted"
+
+
+def test_a_usage_error_exits_1_as_the_table_says() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "builder.cli", "launch", "--port", "x"],
+        capture_output=True, text=True, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "error: builder launch: argument --port: invalid int value: 'x'" in result.stderr
