@@ -20,6 +20,9 @@ from builder.target import load_toml
 
 CONTAINER_MODEL_DIR = "/models"
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
+# The image's entrypoint (images/sm120/serve.py) hands the key in this file to sglang.
+API_KEY_IN_CONTAINER = "/run/secrets/sglang-api-key"
+API_KEY_FILE_ENV = "SGLANG_API_KEY_FILE"
 _PARAM = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
 
@@ -32,6 +35,7 @@ class Overrides:
     hf_cache: str = "$HOME/.cache/huggingface"
     container_name: str | None = None
     bind: str = "127.0.0.1"  # host address the port is published on
+    api_key_file: str | None = None  # mounted read-only; the key itself is never read here
 
 
 @dataclass(frozen=True)
@@ -211,6 +215,9 @@ def resolve(
     env = {
         k: _substitute(str(v), params, f"env {k}", path) for k, v in profile.get("env", {}).items()
     }
+    if overrides.api_key_file:
+        volumes.append((overrides.api_key_file, API_KEY_IN_CONTAINER, "ro"))
+        env[API_KEY_FILE_ENV] = API_KEY_IN_CONTAINER
     expect = {
         k: _substitute(v, params, f"expect {k}", path) for k, v in profile.get("expect", {}).items()
     }

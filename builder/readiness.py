@@ -54,9 +54,12 @@ class Verdict:
         }
 
 
-def _get(url: str, timeout: float) -> tuple[int, bytes]:
+def _get(url: str, timeout: float, api_key: str | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url)
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, b""
@@ -139,6 +142,7 @@ def wait_ready(
     docker_client=None,
     poll_s: float = 2.0,
     stall_s: float,
+    api_key: str | None = None,
 ) -> Verdict:
     url = validate.server_url("wait-ready URL", url)
     watch = _ContainerWatch(docker_client, container) if container else None
@@ -183,7 +187,16 @@ def wait_ready(
                 else:
                     detail = f"{STAGES[stage]} {status or 'no answer'} ({waiting})"
             else:
-                status, body = _get(f"{url}/server_info", timeout=30)
+                status, body = _get(f"{url}/server_info", timeout=30, api_key=api_key)
+                if status in (401, 403):
+                    return Verdict(
+                        "mismatch",
+                        f"server is up but refuses /server_info ({status}): "
+                        + ("the API key is not the server's" if api_key else "it requires an "
+                           "API key; pass --api-key-file FILE"),
+                        "/server_info",
+                        time.monotonic() - started,
+                    )  # fmt: skip
                 if status == 200:
                     info = json.loads(body or b"{}")
                     wrong = check_server_info(info, expect or {})

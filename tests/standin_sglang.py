@@ -21,6 +21,11 @@ STARTED = time.monotonic()
 STARTUP = float(os.environ.get("STARTUP_SECONDS", "3"))
 DIE_AFTER = os.environ.get("DIE_AFTER_SECONDS")
 SERVER_INFO = json.loads(os.environ.get("SERVER_INFO", "{}"))
+API_KEY = None  # `--api-key KEY` as sglang takes it: every path but /health* needs it
+
+
+def api_key_argument(args: list[str]) -> str | None:
+    return args[args.index("--api-key") + 1] if "--api-key" in args else None
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -28,6 +33,8 @@ class Handler(BaseHTTPRequestHandler):
         loading = time.monotonic() - STARTED < STARTUP
         if self.path in ("/health", "/health_generate"):
             self._send(503 if loading else 200, b"")
+        elif API_KEY and self.headers.get("Authorization") != f"Bearer {API_KEY}":
+            self._send(401, b"")
         elif self.path in ("/server_info", "/get_server_info"):
             self._send(503 if loading else 200, json.dumps(SERVER_INFO).encode())
         else:
@@ -63,6 +70,8 @@ def port_argument(args: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    API_KEY = api_key_argument(sys.argv[1:])
+    print(f"standin: server_args=ServerArgs(port={port_argument(sys.argv[1:])})", flush=True)
     if os.environ.get("JIT_AT_START"):
         build_jit_module(os.environ["JIT_AT_START"])
     # A start that hangs without a word before the port opens (NCCL init stuck on P2P).

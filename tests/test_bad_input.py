@@ -172,11 +172,23 @@ def test_patch_that_breaks_python_syntax_never_reaches_the_wheelhouse(builder: B
     [
         (["wheels", "--cache-dir", "/proc/nope"], "/proc/nope: cannot create or write it"),
         (["wheels", "--cache-dir", "/etc/passwd"], "/etc/passwd: exists and is not a directory"),
-        (["publish", "--publish-index", "not-a-url"], "--publish-index not-a-url: expected an http(s)://HOST/"),
+        (
+            ["publish", "--publish-index", "not-a-url"],
+            "--publish-index not-a-url: expected an http(s)://HOST/",
+        ),
         (["publish", "--index", "not-a-url"], "--publish-index not-a-url: expected"),  # old name
-        (["publish", "--publish-static", "/proc/nope"], "--publish-static /proc/nope: cannot create or write it"),
-        (["publish", "--publish-index", "https://u:pw@idx.example/"], "credentials go in TWINE_USERNAME"),
-        (["publish", "--publish-index", "https://idx.example/?token=pw"], "credentials go in TWINE_USERNAME"),
+        (
+            ["publish", "--publish-static", "/proc/nope"],
+            "--publish-static /proc/nope: cannot create or write it",
+        ),
+        (
+            ["publish", "--publish-index", "https://u:pw@idx.example/"],
+            "credentials go in TWINE_USERNAME",
+        ),
+        (
+            ["publish", "--publish-index", "https://idx.example/?token=pw"],
+            "credentials go in TWINE_USERNAME",
+        ),
         (
             ["publish", "--publish-index", "https://idx.example/", "--publish-simple", "ftp://x/"],
             "--publish-simple ftp://x/: expected an http(s)://HOST/",
@@ -184,10 +196,16 @@ def test_patch_that_breaks_python_syntax_never_reaches_the_wheelhouse(builder: B
         (["publish"], "builder publish needs --publish-index URL"),
         (["image", "--publish-index", "nope"], "--publish-index nope: expected an http(s)://HOST/"),
         (["image", "--publish-static", "/etc/passwd"], "exists and is not a directory"),
-        (["image", "--kernel-registry", "Bad Repo"], "--kernel-registry (or BUILDER_KERNEL_REGISTRY) Bad Repo: not a valid image repository"),
+        (
+            ["image", "--kernel-registry", "Bad Repo"],
+            "--kernel-registry (or BUILDER_KERNEL_REGISTRY) Bad Repo: not a valid image repository",
+        ),
         (["image", "--jit-jobs", "-1"], "--jit-jobs -1: must be 0"),
         (["image", "--jit-modules", " ; "], "--jit-modules: empty"),
-        (["image", "--runtime-requirements", "/nonexistent.txt"], "--runtime-requirements /nonexistent.txt: no such file"),
+        (
+            ["image", "--runtime-requirements", "/nonexistent.txt"],
+            "--runtime-requirements /nonexistent.txt: no such file",
+        ),
         (["image", "--pip-index-url", "https://u:pw@idx.example/simple"], "--pip-index-url"),
         (["launch", "--port", "0"], "--port 0: not a TCP port"),
         (["launch", "--port", "70000"], "--port 70000: not a TCP port"),
@@ -195,15 +213,36 @@ def test_patch_that_breaks_python_syntax_never_reaches_the_wheelhouse(builder: B
         (["launch", "--set", "nope=1"], "--set nope: profile 'glm5-nvfp4-tp8' has no such param"),
         (["launch", "--profile", "nope"], "unknown profile 'nope'"),
         (["launch", "--port", "x"], "argument --port: invalid int value: 'x'"),
-        (["launch", "--image", "a@sha256:12", "--manifest", "m.json"], "--image and --manifest: give one"),
-        (["launch", "--image", "reg.example/x:bad:tag"], "--image reg.example/x:bad:tag: not an image reference"),
-        (["deploy-files", "--out", "/etc/passwd"], "--out /etc/passwd: exists and is not a directory"),
-        (["verify", "reg.example/x@sha256:12"], "verify IMAGE reg.example/x@sha256:12: not an image reference"),
-        (["wait-ready", "http://127.0.0.1:1", "--deadline", "-1"], "--deadline -1: must be 0 or more"),
+        (
+            ["launch", "--image", "a@sha256:12", "--manifest", "m.json"],
+            "--image and --manifest: give one",
+        ),
+        (
+            ["launch", "--image", "reg.example/x:bad:tag"],
+            "--image reg.example/x:bad:tag: not an image reference",
+        ),
+        (
+            ["deploy-files", "--out", "/etc/passwd"],
+            "--out /etc/passwd: exists and is not a directory",
+        ),
+        (
+            ["verify", "reg.example/x@sha256:12"],
+            "verify IMAGE reg.example/x@sha256:12: not an image reference",
+        ),
+        (
+            ["wait-ready", "http://127.0.0.1:1", "--deadline", "-1"],
+            "--deadline -1: must be 0 or more",
+        ),
         (["wait-ready", "http://127.0.0.1:1", "--poll", "0"], "--poll 0: must be more than 0"),
-        (["wait-ready", "http://127.0.0.1:1", "--stall-minutes", "-2"], "--stall-minutes -2: must be 0 or more"),
+        (
+            ["wait-ready", "http://127.0.0.1:1", "--stall-minutes", "-2"],
+            "--stall-minutes -2: must be 0 or more",
+        ),
         (["wait-ready", "http://127.0.0.1:1/health"], "give the server root"),
-        (["wait-ready", "http://127.0.0.1:1", "--image", "UPPER/x:y:z"], "--image UPPER/x:y:z: not an image reference"),
+        (
+            ["wait-ready", "http://127.0.0.1:1", "--image", "UPPER/x:y:z"],
+            "--image UPPER/x:y:z: not an image reference",
+        ),
         (["doctor", "--image", "a@sha256:1"], "--image a@sha256:1: not an image reference"),
         (["patches", "check"], "the following arguments are required: --onto"),
         (["wheels", "--upstream", "nope"], "--upstream nope: target 'sm120' has no such upstream"),

@@ -75,7 +75,7 @@ def test_launch_and_deploy_files_from_a_pulled_image_alone(
     assert REGISTRY_PASSWORD not in launched.stdout + launched.stderr
     recipe = json.loads(launched.stdout)
     assert recipe["image"] == reference
-    assert recipe["url"] == "http://127.0.0.1:8123"
+    assert recipe["readiness"]["url"] == "http://127.0.0.1:8123"
     assert "--port" in recipe["args"] and "8123" in recipe["args"]
     assert "0.8" in recipe["args"]
     assert docker_client.images.get(reference), "pulled from the registry"
@@ -197,3 +197,142 @@ def test_wait_ready_takes_its_expectations_from_the_image(
     verdict = json.loads(result.stdout)
     assert verdict["state"] == "mismatch"
     assert "quantization" in verdict["message"]
+
+
+# --- the server through the image's own recipe ---------------------------------------------
+#
+# sglang cannot start without a GPU, so the stand-in server takes its place inside a copy of
+# the test image: `sglang/launch_server.py` is the stand-in and sglang's package __init__ is
+# emptied (the reduced test runtime lacks its imports). The image's entrypoint, healthcheck
+# and recipe are the real ones; the container is started with the recipe's own `docker run`,
+# less `--gpus all` (no GPU here).
+
+
+@pytest.fixture(scope="module")
+def standin_image(built_image, docker_client) -> str:
+    from tests.test_readiness import STANDIN
+
+    _, image, _ = built_image
+    script = (
+        "set -e; package=$(python -c 'import importlib.util as u; "
+        'print(u.find_spec("sglang").submodule_search_locations[0])\'); '
+        ": > $package/__init__.py; cp /standin.py $package/launch_server.py"
+    )
+    container = docker_client.containers.run(
+        image["reference"], ["-c", script], entrypoint=["sh"], detach=True, network_mode="none",
+        volumes={str(STANDIN): {"bind": "/standin.py", "mode": "ro"}},
+    )  # fmt: skip
+    try:
+        assert container.wait(timeout=120)["StatusCode"] == 0, container.logs().decode()
+        # The image's own entrypoint and command, as committed; only the package changed.
+        committed = container.commit(
+            repository="sglang-sm120-standin", tag="test",
+            changes=['ENTRYPOINT ["python", "/opt/builder/entrypoint.py"]',
+                     'CMD ["--host", "0.0.0.0", "--port", "30000"]'],
+        )  # fmt: skip
+    finally:
+        container.remove(force=True)
+    yield committed.tags[0]
+    docker_client.images.remove(committed.tags[0], force=True)
+
+
+def _start_from_recipe(
+    tmp_path: Path, docker_host: str, image: str, port: int, name: str, *extra: str, env=()
+) -> dict:
+    from tests.test_readiness import GOOD_INFO
+
+    recipe = json.loads(
+        bare_builder(
+            tmp_path, docker_host, "launch", "--image", image, "--port", str(port),
+            "--name", name, "--hf-cache", str(tmp_path / "hf"), "--json", *extra,
+        ).stdout
+    )  # fmt: skip
+    command = recipe["docker_run"]
+    at = command.index("--gpus")
+    del command[at : at + 2]  # no GPU here
+    knobs = ["-e", f"SERVER_INFO={json.dumps(GOOD_INFO)}"]
+    for item in env:
+        knobs += ["-e", item]
+    at = command.index(image)
+    command[at:at] = ["--network", "host", *knobs]
+    started = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "DOCKER_HOST": docker_host}
+    )
+    assert started.returncode == 0, started.stderr
+    return recipe
+
+
+def _wait(tmp_path: Path, docker_host: str, recipe: dict, *extra: str):
+    return bare_builder(
+        tmp_path, docker_host, "wait-ready", recipe["readiness"]["url"],
+        "--container", recipe["container_name"], "--poll", "0.5", "--deadline", "2", "--json",
+        *extra, check=False,
+    )  # fmt: skip
+
+
+def test_a_server_from_the_recipe_with_an_api_key_file(
+    standin_image, docker_client, docker_host, tmp_path
+) -> None:
+    from tests.services import free_port
+
+    key = "sk-builder-test-0123456789"
+    key_file = tmp_path / "api-key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    port, name = free_port(), f"recipe-key-{free_port()}"
+    recipe = _start_from_recipe(
+        tmp_path, docker_host, standin_image, port, name, "--api-key-file", str(key_file)
+    )
+    try:
+        assert key not in json.dumps(recipe), "the key itself is never in the recipe"
+        ready = _wait(tmp_path, docker_host, recipe, "--image", standin_image,
+                      "--api-key-file", str(key_file))  # fmt: skip
+        assert ready.returncode == 0, ready.stdout + ready.stderr
+        assert json.loads(ready.stdout)["state"] == "ready"
+
+        import urllib.error
+        import urllib.request
+
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5)
+        assert refused.value.code == 401, "a request without the key is refused"
+        without_key = _wait(tmp_path, docker_host, recipe, "--image", standin_image)
+        assert without_key.returncode == 5
+        assert "requires an API key; pass --api-key-file" in json.loads(without_key.stdout)[
+            "message"]  # fmt: skip
+
+        container = docker_client.containers.get(name)
+        inspected = json.dumps(container.attrs)
+        assert key not in inspected, "not in the command line, environment or config"
+        assert key not in container.logs().decode()
+        assert str(port) in container.attrs["Config"]["Cmd"], "served on the recipe's port"
+        out = tmp_path / "deploy"
+        bare_builder(tmp_path, docker_host, "deploy-files", "--image", standin_image,
+                     "--api-key-file", str(key_file), "--out", str(out))  # fmt: skip
+        for generated in out.iterdir():
+            assert key not in generated.read_text(), generated.name
+        assert "SGLANG_API_KEY_FILE" in (out / "compose.yaml").read_text()
+    finally:
+        docker_client.containers.get(name).remove(force=True)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "state", "code"),
+    [
+        (("DIE_AFTER_SECONDS=1", "EXIT_CODE=3"), "crashed", 3),
+        (("SILENT_SECONDS=600",), "stalled", 6),
+    ],
+)
+def test_a_crashed_or_stalled_server_from_the_recipe(
+    standin_image, docker_client, docker_host, tmp_path, knobs, state, code
+) -> None:
+    from tests.services import free_port
+
+    port, name = free_port(), f"recipe-{state}-{free_port()}"
+    recipe = _start_from_recipe(tmp_path, docker_host, standin_image, port, name, env=knobs)
+    try:
+        verdict = _wait(tmp_path, docker_host, recipe, "--stall-minutes", "0.1")
+        assert verdict.returncode == code, verdict.stdout + verdict.stderr
+        assert json.loads(verdict.stdout)["state"] == state
+    finally:
+        docker_client.containers.get(name).remove(force=True)

@@ -83,7 +83,9 @@ def test_upload_then_pip_installs_the_sm120_wheels(built, index, tmp_path) -> No
     assert installed["sglang"] == wheels["sglang"]["version"]
     assert installed["flashinfer-python"] == wheels["flashinfer"]["version"]
 
-    again = json.loads(builder.run("publish", "--publish-index", url, "--json", env=_creds()).stdout)
+    again = json.loads(
+        builder.run("publish", "--publish-index", url, "--json", env=_creds()).stdout
+    )
     assert {r[0]["action"] for r in again["published"].values()} == {"already-present"}
 
     texts = [result.stdout, result.stderr, log.read_text()]
@@ -108,7 +110,9 @@ def test_wrong_password_is_one_clear_line_and_records_nothing(built, index) -> N
     builder, _ = built
     url, packages, _ = index
     manifests_before = set((builder.data_dir / "manifests").rglob("*.json"))
-    result = builder.run("publish", "--publish-index", url, env=_creds("wrong-Password-42"), check=False)
+    result = builder.run(
+        "publish", "--publish-index", url, env=_creds("wrong-Password-42"), check=False
+    )
     assert result.returncode == 1
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
     assert "403" in line and "TWINE_USERNAME" in line
@@ -119,7 +123,9 @@ def test_wrong_password_is_one_clear_line_and_records_nothing(built, index) -> N
 
 def test_index_down(built) -> None:
     builder, _ = built
-    result = builder.run("publish", "--publish-index", "http://127.0.0.1:9/", env=_creds(), check=False)
+    result = builder.run(
+        "publish", "--publish-index", "http://127.0.0.1:9/", env=_creds(), check=False
+    )
     assert result.returncode == 1
     assert "error: index http://127.0.0.1:9/simple/ is unreachable" in result.stderr
 
@@ -165,7 +171,9 @@ def test_static_index_keeps_earlier_wheels(built, tmp_path) -> None:
     patch.write_text(original.replace("\n---\n", "\nTested-by: static index test\n---\n", 1))
     try:
         result = json.loads(
-            builder.run("publish", "--publish-static", str(static), "--upstream", "sglang", "--json").stdout
+            builder.run(
+                "publish", "--publish-static", str(static), "--upstream", "sglang", "--json"
+            ).stdout
         )
     finally:
         patch.write_text(original)

@@ -53,6 +53,10 @@ def _recipe(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
         if not sep or not key:
             raise BuilderError(f"--set {item}: expected KEY=VALUE")
         params.append((key, value))
+    key_file = None
+    if args.api_key_file:
+        read_api_key(args.api_key_file)  # exists, readable, not empty: checked, not kept
+        key_file = str(Path(args.api_key_file).expanduser().resolve())
     overrides = launch.Overrides(
         model=args.model,
         port=args.port,
@@ -61,6 +65,7 @@ def _recipe(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
         hf_cache=args.hf_cache,
         container_name=args.name,
         bind=args.bind,
+        api_key_file=key_file,
     )
     if args.image:
         profiles = image_recipe.profiles_of(
@@ -86,6 +91,22 @@ def _recipe(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
     if recipe.experimental:
         progress.warn(f"profile {recipe.profile} is EXPERIMENTAL: {recipe.warning}")
     return recipe, source
+
+
+def read_api_key(path: str) -> str:
+    """The key in `path` (first line, stripped): for wait-ready's requests, never printed."""
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or "not text"
+        raise BuilderError(f"--api-key-file {path}: cannot read it ({reason})") from None
+    key = text.splitlines()[0].strip() if text else ""
+    if not key:
+        raise BuilderError(f"--api-key-file {path}: the file is empty")
+    if file.stat().st_mode & 0o077:
+        progress.warn(f"--api-key-file {path}: others can read it; chmod 600 {path}")
+    return key
 
 
 def cmd_launch(args: argparse.Namespace) -> None:
@@ -149,6 +170,7 @@ def _wait(args, url: str, container: str | None, expect: dict, deadline_minutes:
         docker_client=client,
         poll_s=args.poll,
         stall_s=args.stall_minutes * 60,
+        api_key=read_api_key(args.api_key_file) if args.api_key_file else None,
     )
     result = verdict.to_json()
     compiled = None
@@ -350,6 +372,13 @@ def register(sub) -> None:
         )
         command.add_argument("--name", help="container name (default: the profile's)")
         command.add_argument(
+            "--api-key-file",
+            metavar="FILE",
+            help="require this API key (the file's first line) from clients: the file is "
+            "mounted read-only and the image hands the key to sglang, so it never appears on a "
+            "command line, in the environment, a log or a generated file (chmod 600 it)",
+        )
+        command.add_argument(
             "--bind",
             default="127.0.0.1",
             metavar="ADDR",
@@ -424,6 +453,11 @@ def register(sub) -> None:
         f"(default: {STALL_MINUTES:g})",
     )
     wait.add_argument("--profile", help="take the expected backends and deadline from a profile")
+    wait.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        help="the server's API key (first line), sent for /server_info (/health needs none)",
+    )
     wait.add_argument(
         "--image",
         metavar="REF",

@@ -1,6 +1,6 @@
 """The image's HEALTHCHECK: GET /health on the port the server was started with.
 
-Reads the server's own command line (PID 1: `python -m sglang.launch_server ... --port N`),
+Reads the server's own command line (PID 1: `python /opt/builder/entrypoint.py ... --port N`),
 so a container started with `--port 8000` is checked on 8000, not on the image's default.
 Exit 0 healthy, 1 not (Docker's convention).
 """
