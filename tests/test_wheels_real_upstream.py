@@ -60,11 +60,15 @@ def test_wheels_carry_version_and_patches(first: tuple[Builder, dict]) -> None:
     assert "flashinfer_cutlass as MoE runner backend on sm120 for Glm4MoeForCausalLM" in server_args
     # Fusion stays an explicit opt-in on SM120: the auto-enable guard is untouched.
     assert "and (is_sm90_supported() or is_sm100_supported())\n" in server_args
+    # The API keys stay out of the `server_args=` log line and /server_info.
+    assert "api_key: Optional[str] = dataclasses.field(default=None, repr=False)" in server_args
+    http_server = _read(sg_wheel, "sglang/srt/entrypoints/http_server.py")
+    assert 'for secret in ("api_key", "admin_api_key"):' in http_server
 
 
 def test_fork_branch_is_upstream_plus_one_commit_per_patch(first: tuple[Builder, dict]) -> None:
     _, result = first
-    for name, count in (("sglang", 2), ("flashinfer", 3)):
+    for name, count in (("sglang", 3), ("flashinfer", 3)):
         upstream = result["upstreams"][name]
         repo = pygit2.Repository(upstream["path"])
         branch = repo.references[f"refs/heads/{upstream['branch']}"]
