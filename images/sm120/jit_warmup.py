@@ -507,7 +507,8 @@ def main() -> None:
 
     jobs, why = job_budget(args.jobs, args.job_memory_gb)
     compiler = nvcc_version()
-    age_build_inputs()
+    if not args.plan:  # only a compile reads mtimes
+        age_build_inputs()
     baked = bake_packs(args.packs) if args.packs and args.packs.is_dir() else {}
     specs = {name: load_spec(name) for name in names}
     lookups = {name: lookup_key(spec, compiler, arch_list) for name, spec in specs.items()}
