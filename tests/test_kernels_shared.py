@@ -231,10 +231,10 @@ def test_a_plain_venv_loads_the_kernels_from_the_index_without_compiling(
         wheels = json.loads(Path(first["manifest"]).read_text())["wheels"]
         kernel_version = wheels["kernels"]["version"]
         index_url, requirements = runtime_index
-        # Another flashinfer build: the one the comm-only change made.
+        # Another flashinfer build: the one the comm-only change made (in the wheel cache).
         others = [
-            p.name
-            for p in builder.wheelhouse.glob("flashinfer_python-*.whl")
+            p
+            for p in builder.cache_dir.glob("wheels/*/flashinfer_python-*.whl")
             if p.name != wheels["flashinfer"]["filename"]
         ]
         assert others, "the comm-only change left a second flashinfer build"
@@ -251,14 +251,14 @@ from flashinfer.jit.comm import gen_vllm_comm_module
 for gen in (gen_norm_module, gen_vllm_comm_module):
     spec = gen(); spec.build_and_load(); print("loaded", spec.name, spec.aot_path)
 '
-pip install -q --no-deps --force-reinstall /wheelhouse/{others[0]}
+pip install -q --no-deps --force-reinstall /other/{others[0].name}
 python -c 'import flashinfer' 2>&1 | tail -1
 """
         container = docker_client.containers.run(
             test_base, ["sh", "-c", script], network_mode="host", detach=True,
             volumes={
                 str(requirements): {"bind": "/reqs.txt", "mode": "ro"},
-                str(builder.wheelhouse): {"bind": "/wheelhouse", "mode": "ro"},
+                str(others[0].parent): {"bind": "/other", "mode": "ro"},
             },
         )  # fmt: skip
         try:
