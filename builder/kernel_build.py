@@ -21,7 +21,7 @@ from pathlib import Path
 import docker
 
 from builder import kernel_cache, kernel_wheel, progress
-from builder.cache import atomic_copy, atomic_write_text
+from builder.cache import atomic_copy, atomic_write_text, sha256_file
 from builder.errors import BuilderError
 from builder.wheels import BuiltWheel
 
@@ -50,10 +50,15 @@ def _tar_of(files: dict[str, Path]) -> bytes:
 
 
 def run_warmup(
-    client: docker.DockerClient, job: KernelJob, extra: list[str], inputs: dict[str, Path]
+    client: docker.DockerClient,
+    job: KernelJob,
+    extra: list[str],
+    inputs: dict[str, Path],
+    into: Path,
 ) -> Path:
-    """Run the warm-up in a fresh container with `inputs` under /kernels-in; return a local
-    folder with what it wrote under /kernels-out (inventory.json, modules/, entries/)."""
+    """Run the warm-up in a fresh container with `inputs` under /kernels-in; return the
+    folder under `into` with what it wrote to /kernels-out (inventory.json, modules/,
+    entries/)."""
     command = [
         WARMUP, "--modules", json.dumps(list(job.modules)), "--jobs", str(job.jobs),
         "--job-memory-gb", str(job.job_memory_gb), "--inventory", f"{_OUT}/inventory.json",
@@ -81,7 +86,7 @@ def run_warmup(
             tail = "\n".join(f"    {line}" for line in recent[-_TAIL_LINES:])
             first = errors[0].split("error: ", 1)[1] if errors else "see the output below"
             raise BuilderError(f"kernel build failed: {first}\n  last output:\n{tail}")
-        out = Path(tempfile.mkdtemp(prefix="builder-kernels-"))
+        out = Path(tempfile.mkdtemp(prefix="run-", dir=into))
         chunks, _ = container.get_archive(_OUT)
         with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
             tar.extractall(out, filter="data")
@@ -97,19 +102,25 @@ def _entries_and_packs(entries: Path, packs: tuple[Path, ...]) -> dict[str, Path
     return inputs
 
 
+def _lookups(client: docker.DockerClient, job: KernelJob, work: Path) -> list[str]:
+    """Each module's lookup key, as the warm-up computes it from flashinfer's generators."""
+    keys = run_warmup(client, job, ["--plan"], {}, work)
+    return [m["lookup"] for m in json.loads((keys / "inventory.json").read_text())["plan"]]
+
+
 def plan(
     client: docker.DockerClient, job: KernelJob, cache_dir: Path, shared: kernel_cache.SharedKernels
 ) -> list[dict]:
     """Per module: its lookup key, where its entry is, and reuse or compile with why."""
-    keys = run_warmup(client, job, ["--plan"], {})
-    lookups = [m["lookup"] for m in json.loads((keys / "inventory.json").read_text())["plan"]]
-    with tempfile.TemporaryDirectory(prefix="builder-entries-") as entries:
-        where = kernel_cache.gather(lookups, cache_dir, shared, Path(entries))
+    with tempfile.TemporaryDirectory(prefix="builder-kernels-") as tmp:
+        work = Path(tmp)
+        lookups = _lookups(client, job, work)
+        where = kernel_cache.gather(lookups, cache_dir, shared, work / "entries")
         decided = run_warmup(
             client, job, ["--plan", "--entries", f"{_IN}/entries"],
-            {f"{_IN.strip('/')}/entries": Path(entries)},
+            {f"{_IN.strip('/')}/entries": work / "entries"}, work,
         )  # fmt: skip
-    modules = json.loads((decided / "inventory.json").read_text())["plan"]
+        modules = json.loads((decided / "inventory.json").read_text())["plan"]
     for module in modules:
         module["entry"] = where[module["lookup"]]
     return modules
@@ -127,11 +138,11 @@ def build(
     """Reuse or compile every module, keep the new entries, and make the kernel wheel;
     (wheel, this run's record: per module its source, reason and compile seconds)."""
     started = time.monotonic()
-    with progress.task("kernels: look up each module's key", announce=False):
-        keys = run_warmup(client, job, ["--plan"], {})
-    lookups = [m["lookup"] for m in json.loads((keys / "inventory.json").read_text())["plan"]]
-    with tempfile.TemporaryDirectory(prefix="builder-entries-") as entries:
-        where = kernel_cache.gather(lookups, cache_dir, shared, Path(entries))
+    with tempfile.TemporaryDirectory(prefix="builder-kernels-") as tmp:
+        work = Path(tmp)
+        with progress.task("kernels: look up each module's key", announce=False):
+            lookups = _lookups(client, job, work)
+        where = kernel_cache.gather(lookups, cache_dir, shared, work / "entries")
         found = sum(1 for source in where.values() if source != "none")
         progress.info(
             f"kernels: {found} of {len(lookups)} modules have an entry "
@@ -140,14 +151,14 @@ def build(
         out = run_warmup(
             client, job,
             ["--entries", f"{_IN}/entries", "--packs", f"{_IN}/packs", "--out", _OUT],
-            _entries_and_packs(Path(entries), job.packs),
+            _entries_and_packs(work / "entries", job.packs), work,
         )  # fmt: skip
-    inventory = json.loads((out / "inventory.json").read_text())
-    new_entries = sorted((out / "entries").glob(f"*{kernel_cache.ENTRY_SUFFIX}"))
-    kernel_cache.keep(new_entries, cache_dir, shared)
-    wheel = kernel_wheel.build_kernel_wheel(
-        out / "modules", inventory, flashinfer, target_name, wheel_dir
-    )
+        inventory = json.loads((out / "inventory.json").read_text())
+        new_entries = sorted((out / "entries").glob(f"*{kernel_cache.ENTRY_SUFFIX}"))
+        kernel_cache.keep(new_entries, cache_dir, shared)
+        wheel = kernel_wheel.build_kernel_wheel(
+            out / "modules", inventory, flashinfer, target_name, wheel_dir
+        )
     compiled = [m["name"] for m in inventory["modules"] if m["source"] != "reused"]
     seconds = round(time.monotonic() - started, 1)
     progress.info(
@@ -169,9 +180,11 @@ def cached_wheel(cache_dir: Path, stage_key: str) -> BuiltWheel | None:
     """The kernel wheel made for this flashinfer stage key earlier, if still in the cache."""
     folder = _wheel_folder(cache_dir, stage_key)
     found = sorted(folder.glob("*.whl")) if folder.is_dir() else []
-    if len(found) != 1:
+    if len(found) != 1 or not (folder / "wheel.json").is_file():
         return None
     record = json.loads((folder / "wheel.json").read_text())
+    if sha256_file(found[0]) != record["sha256"]:
+        return None  # damaged: made again
     return BuiltWheel(**{**record, "path": found[0], "cached": True})
 
 
