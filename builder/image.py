@@ -500,6 +500,23 @@ def kernel_plan(
     )
 
 
+def _same_kernels(
+    client: docker.DockerClient, image_plan: ImagePlan, kernels_wheel: BuiltWheel
+) -> bool:
+    """An image with this tag holds these very kernels. nvcc output is not byte-for-byte
+    reproducible, so a host that compiled its own has other bytes under the same inputs: the
+    image is built again, so the tag and the manifest describe what is inside."""
+    labels = client.images.get(image_plan.reference).labels or {}
+    found = labels.get(f"{LABEL_PREFIX}kernels.wheel-sha256")
+    if found == kernels_wheel.sha256:
+        return True
+    progress.warn(
+        f"image {image_plan.reference} holds other kernels (kernel wheel sha256 "
+        f"{(found or 'none')[:12]}, this build's {kernels_wheel.sha256[:12]}): built again"
+    )
+    return False
+
+
 def build_image(
     client: docker.DockerClient,
     target: Target,
@@ -515,7 +532,8 @@ def build_image(
         kernels_wheel, kernels_record = _kernel_wheel(
             client, target, wheels, options, image_plan, context, cache_dir
         )
-        if image_plan.exists:
+        skipped = image_plan.exists and _same_kernels(client, image_plan, kernels_wheel)
+        if skipped:
             progress.info(
                 f"[green]✓[/] image {image_plan.reference} is up to date "
                 "(all stage keys match: nothing built)"
@@ -544,7 +562,7 @@ def build_image(
     return ImageResult(
         reference=image_plan.reference,
         image_id=image.id,
-        skipped=image_plan.exists,
+        skipped=skipped,
         labels=image.labels or {},
         jit_inventory=inventory,
         base_image=options.base_image,

@@ -5,7 +5,7 @@ package is installed, FlashInfer loads `<its folder>/<name>/<name>.so` for every
 holds and never starts ninja (flashinfer/jit/env.py, core.py). Ours differs from the
 official one in three ways:
 - its version is the flashinfer build's plus a content tag, `0.6.3+sm120.g1a2b3c4.k<8 hex>`
-  (the `k` part hashes every module's key), so one version means one set of kernels;
+  (the `k` part hashes every module's sha256), so one version means one set of bytes;
 - it requires exactly that flashinfer build (`flashinfer-python==0.6.3+sm120.g1a2b3c4`), so
   pip refuses a mismatch, and its `get_jit_cache_dir()`, which FlashInfer calls at import,
   refuses one too (the official wheel checks only the public version);
@@ -81,9 +81,10 @@ def stable_inventory(inventory: dict) -> dict:
 
 
 def kernel_version(flashinfer_version: str, inventory: dict) -> str:
-    keys = sorted(module["key"] for module in inventory["modules"] if module.get("key"))
-    packs = sorted(module["sha256"] for module in inventory["modules"] if not module.get("key"))
-    tag = hashlib.sha256(json.dumps([keys, packs]).encode()).hexdigest()[:8]
+    """The flashinfer build's version plus `.k` and 8 hex of every module's sha256: one
+    version, one set of bytes (nvcc output differs between compiles of the same inputs)."""
+    digests = sorted((module["name"], module["sha256"]) for module in inventory["modules"])
+    tag = hashlib.sha256(json.dumps(digests).encode()).hexdigest()[:8]
     return f"{flashinfer_version}.k{tag}"
 
 

@@ -6,10 +6,12 @@ culprits in a tampered copy. Real engine, real registry, the real test image.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -208,6 +210,15 @@ def test_wait_ready_takes_its_expectations_from_the_image(
 # less `--gpus all` (no GPU here).
 
 
+def _file_archive(name: str, data: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(data), 0o644
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
 @pytest.fixture(scope="module")
 def standin_image(built_image, docker_client) -> str:
     from tests.test_readiness import STANDIN
@@ -218,11 +229,13 @@ def standin_image(built_image, docker_client) -> str:
         'print(u.find_spec("sglang").submodule_search_locations[0])\'); '
         ": > $package/__init__.py; cp /standin.py $package/launch_server.py"
     )
-    container = docker_client.containers.run(
-        image["reference"], ["-c", script], entrypoint=["sh"], detach=True, network_mode="none",
-        volumes={str(STANDIN): {"bind": "/standin.py", "mode": "ro"}},
-    )  # fmt: skip
+    # Copied in, not mounted: a committed container keeps its mount points as volumes.
+    container = docker_client.containers.create(
+        image["reference"], ["-c", script], entrypoint=["sh"], network_mode="none"
+    )
     try:
+        container.put_archive("/", _file_archive("standin.py", STANDIN.read_bytes()))
+        container.start()
         assert container.wait(timeout=120)["StatusCode"] == 0, container.logs().decode()
         # The image's own entrypoint and command, as committed; only the package changed.
         committed = container.commit(
