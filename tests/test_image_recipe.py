@@ -207,7 +207,7 @@ def test_wait_ready_takes_its_expectations_from_the_image(
 # the test image: `sglang/launch_server.py` is the stand-in and sglang's package __init__ is
 # emptied (the reduced test runtime lacks its imports). The image's entrypoint, healthcheck
 # and recipe are the real ones; the container is started with the recipe's own `docker run`,
-# less `--gpus all` (no GPU here).
+# less `--gpus all` and the unlimited memlock (this sandbox refuses it).
 
 
 def _file_archive(name: str, data: bytes) -> bytes:
@@ -261,8 +261,10 @@ def _start_from_recipe(
         ).stdout
     )  # fmt: skip
     command = recipe["docker_run"]
-    at = command.index("--gpus")
-    del command[at : at + 2]  # no GPU here
+    # No GPU here, and this sandbox refuses an unlimited memlock: those two flags go.
+    for flag, value in (("--gpus", "all"), ("--ulimit", "memlock=-1")):
+        at = next(i for i in range(len(command) - 1) if command[i : i + 2] == [flag, value])
+        del command[at : at + 2]
     knobs = ["-e", f"SERVER_INFO={json.dumps(GOOD_INFO)}"]
     for item in env:
         knobs += ["-e", item]
