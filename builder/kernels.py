@@ -82,7 +82,8 @@ def _parse_module_path(path: str, cache_root: str) -> CompiledModule | None:
 
 
 def _container_cache_root(container) -> str:
-    env = dict(item.split("=", 1) for item in container.attrs["Config"].get("Env") or [])
+    # `-e NAME` with NAME unset on the host (docker run -e HF_TOKEN) leaves a bare "NAME".
+    env = dict(item.partition("=")[::2] for item in container.attrs["Config"].get("Env") or [])
     base = env.get("FLASHINFER_WORKSPACE_BASE") or _DEFAULT_WORKSPACE
     return f"{base.rstrip('/')}/.cache/flashinfer/"
 

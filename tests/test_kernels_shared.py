@@ -251,7 +251,8 @@ pip install -q --index-url {index_url} -r /reqs.txt
 pip install -q --no-deps --index-url http://127.0.0.1:{port}/simple/ \
     flashinfer-jit-cache=={kernel_version} flashinfer-python=={wheels["flashinfer"]["version"]}
 rm -f "$(command -v ninja)"
-FLASHINFER_DISABLE_JIT=1 python -c '
+# No GPU here to detect the arch from (a GPU host needs no FLASHINFER_CUDA_ARCH_LIST).
+FLASHINFER_CUDA_ARCH_LIST=12.0a FLASHINFER_DISABLE_JIT=1 python -c '
 from flashinfer.jit.norm import gen_norm_module
 from flashinfer.jit.comm import gen_vllm_comm_module
 for gen in (gen_norm_module, gen_vllm_comm_module):
