@@ -17,7 +17,6 @@ The wheel is reproducible: fixed timestamps and modes, files in sorted order.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import tempfile
@@ -169,9 +168,3 @@ def build_kernel_wheel(
         cached=False,
         path=path,
     )
-
-
-def read_inventory(wheel: Path) -> dict:
-    """The inventory a kernel wheel carries (what `builder verify` and tests compare)."""
-    with zipfile.ZipFile(wheel) as archive:
-        return json.load(io.BytesIO(archive.read(f"{PACKAGE}/inventory.json")))
