@@ -8,6 +8,7 @@ atomically under `manifests/<target>/<UTC time>-<inputs>.json` and never overwri
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 from builder import __version__
 from builder.cache import atomic_write_text
 from builder.errors import BuilderError
+from builder.identity import builder_identity
 from builder.patches import ForkResult
 from builder.target import Target
 from builder.urls import redact
@@ -24,6 +26,7 @@ from builder.wheels import BuiltWheel
 
 SCHEMA_VERSION = 1
 LATEST = "latest.json"
+SBOM_SUFFIX = ".cdx.json"
 
 
 def build_manifest(
@@ -67,6 +70,7 @@ def build_manifest(
         "schema_version": SCHEMA_VERSION,
         "created": created or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "builder_version": __version__,
+        "builder": builder_identity(),
         "python": sys.version.split()[0],
         "target": {
             "name": target.name,
@@ -87,15 +91,23 @@ def manifest_dir(data_dir: Path, flag: str | None, target: str) -> Path:
     return (Path(flag) if flag else data_dir / "manifests") / target
 
 
-def write(directory: Path, manifest: dict, tag: str) -> Path:
-    """A new history file (never an existing one) and the `latest.json` link to it."""
+def write(directory: Path, manifest: dict, tag: str, sbom: str | None = None) -> Path:
+    """A new history file (never an existing one) and the `latest.json` link to it; the
+    image's SBOM beside it (`<same name>.cdx.json`), its sha256 in the manifest."""
     directory.mkdir(parents=True, exist_ok=True)
     stamp = manifest["created"].replace("-", "").replace(":", "")
     path = directory / f"{stamp}-{tag}.json"
     counter = 1
-    while path.exists():
+    while path.exists() or path.with_suffix(SBOM_SUFFIX).exists():
         counter += 1
         path = directory / f"{stamp}-{tag}-{counter}.json"
+    if sbom is not None:
+        sbom_path = path.with_suffix(SBOM_SUFFIX)
+        atomic_write_text(sbom_path, sbom)
+        manifest = {
+            **manifest,
+            "sbom": {"file": sbom_path.name, "sha256": hashlib.sha256(sbom.encode()).hexdigest()},
+        }
     atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     link = directory / f".{LATEST}.partial"
     link.unlink(missing_ok=True)
@@ -121,7 +133,14 @@ def load(path: Path) -> dict:
 
 def latest_with_image(directory: Path) -> Path:
     """The newest manifest of the target that records an image."""
-    candidates = sorted((p for p in directory.glob("*.json") if p.name != LATEST), reverse=True)
+    candidates = sorted(
+        (
+            p
+            for p in directory.glob("*.json")
+            if p.name != LATEST and not p.name.endswith(SBOM_SUFFIX)
+        ),
+        reverse=True,
+    )
     for path in candidates:
         if (load(path).get("image") or {}).get("reference"):
             return path

@@ -78,6 +78,9 @@ class ImageSettings:
     pip_extra_index_url: str
     requirements: tuple[str, ...]  # pinned on top of the wheels' own requirements
     exclude_requirements: tuple[str, ...]  # never installed (e.g. flashinfer-jit-cache)
+    python: str  # the image's interpreter (X.Y): what the lock is resolved for
+    platform: str  # uv's --python-platform for the lock, e.g. x86_64-manylinux_2_39
+    lock: Path  # the reviewed runtime lock (`builder lock`); the image installs from it
 
 
 @dataclass(frozen=True)
@@ -291,6 +294,9 @@ def load_target(data_dir: Path, name: str) -> Target:
     dockerfile = (path.parent / image.get("dockerfile", str, "Dockerfile")).resolve()
     if not dockerfile.is_file():
         raise image.fail("dockerfile", f"points at {dockerfile}, which does not exist")
+    python = image.get("python", str, "3.12")
+    if not re.fullmatch(r"3\.\d+", python):
+        raise image.fail("python", f"is '{python}', expected the image's Python as X.Y (3.12)")
     jit = reader.sub("jit", {})
     modules = tuple(_jit_module(jit, entry) for entry in jit.get("modules", list, []))
     job_memory = jit.get("job_memory_gb", (int, float), 6)
@@ -309,6 +315,9 @@ def load_target(data_dir: Path, name: str) -> Target:
             pip_extra_index_url=image.get("pip_extra_index_url", str, ""),
             requirements=image.strings("requirements", []),
             exclude_requirements=image.strings("exclude_requirements", []),
+            python=python,
+            platform=image.get("platform", str, "x86_64-manylinux_2_28"),
+            lock=path.parent / image.get("lock", str, "runtime-lock.txt"),
         ),
         upstreams=upstreams,
         jit=modules,

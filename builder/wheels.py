@@ -23,9 +23,10 @@ import build
 import pygit2
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from builder import __version__, progress
+from builder import progress
 from builder.cache import atomic_copy, content_key, remove_tree, sha256_file, staging_dir
 from builder.errors import BuilderError
+from builder.identity import code_key
 from builder.patches import ForkResult, PatchFile
 from builder.sources import checkout_commit
 from builder.target import Fork
@@ -71,7 +72,7 @@ def _cache_inputs(
 ) -> dict:
     backend = {pkg: importlib.metadata.version(pkg) for pkg in BACKEND_PACKAGES}
     return {
-        "builder": __version__,
+        "builder": code_key("wheels"),
         "fork_commit": result.fork_commit,
         "fork_tree": str(repo.get(result.fork_commit).tree.id),
         "submodules": {s.path: s.commit for s in result.checkout.submodules},

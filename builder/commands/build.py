@@ -1,4 +1,4 @@
-"""Commands that build and ship: sources, patch, wheels, image, publish."""
+"""Commands that build and ship: sources, patch, wheels, lock, image, publish."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import dataclasses
 import os
 from pathlib import Path
 
+from packaging.requirements import Requirement
+
 from builder import (
     docker_client,
     image,
     kernel_wheel,
     kernels,
     launch,
+    lock,
     manifest,
     pipeline,
     progress,
@@ -217,6 +220,7 @@ def cmd_image(args: argparse.Namespace) -> None:
         manifest.manifest_dir(ctx.data_dir, args.manifest_dir, target.name),
         record,
         image_plan.inputs_hash[:12],
+        sbom=result.sbom,
     )
     if publish_error:
         raise BuilderError(f"{publish_error} (image manifest written: {written})")
@@ -230,6 +234,65 @@ def cmd_image(args: argparse.Namespace) -> None:
         {"target": target.name, "image": image_record, "manifest": str(written)},
         lines,
     )
+
+
+def cmd_lock(args: argparse.Namespace) -> None:
+    ctx = context(args)
+    target = ctx.target
+    output = Path(args.output).resolve() if args.output else target.image.lock
+    python = args.python_version or target.image.python
+    platform = args.python_platform or target.image.platform
+    if args.runtime_requirements:
+        source = Path(args.runtime_requirements)
+        if not source.is_file():
+            raise BuilderError(f"--runtime-requirements {source}: no such file")
+        lock.refuse_excluded(lock.parse(source), target.image.exclude_requirements)
+        requirements = [line for _, line in lock.requirement_lines(source.read_text())]
+    else:
+        _, wheels = _forks_and_wheels(args, ctx)
+        requirements = [str(r) for r in image.runtime_inputs(target, wheels)]
+    if args.check:
+        _check_lock(output, requirements, lock.target_environment(python, platform))
+        emit(args, {"lock": str(output), "stale": False}, [f"{output}: up to date"])
+        return
+    before = lock.parse(output).packages if output.is_file() else {}
+    index_url = args.pip_index_url or target.image.pip_index_url
+    resolved = lock.resolve(
+        "".join(f"{line}\n" for line in requirements),
+        target=target.name,
+        python=python,
+        platform=platform,
+        index_url=index_url,
+        extra_index_url=(
+            target.image.pip_extra_index_url
+            if args.pip_extra_index_url is None
+            else args.pip_extra_index_url
+        ),
+        output=output,
+        cache_dir=ctx.cache_dir,
+    )
+    after = resolved.packages
+    changes = {
+        "added": sorted(f"{n}=={after[n].version}" for n in after.keys() - before.keys()),
+        "removed": sorted(f"{n}=={before[n].version}" for n in before.keys() - after.keys()),
+        "changed": sorted(
+            f"{n} {before[n].version} -> {after[n].version}"
+            for n in after.keys() & before.keys()
+            if before[n].version != after[n].version
+        ),
+    }
+    lines = [f"{output}: {len(after)} packages for python {python} on {platform}"]
+    lines += [f"  {kind} {item}" for kind, items in changes.items() for item in items]
+    emit(args, {"lock": str(output), "packages": len(after), **changes}, lines)
+
+
+def _check_lock(output: Path, requirements: list[str], environment: dict[str, str]) -> None:
+    if not output.is_file():
+        raise BuilderError(f"{output}: no such lock (run `builder lock` without --check)")
+    stale = lock.unmet(lock.parse(output), [Requirement(r) for r in requirements], environment)
+    if stale:
+        more = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
+        raise BuilderError(f"{output}: stale lock: {stale[0]}{more}; run `builder lock`")
 
 
 def _latest_kernel_wheel(wheelhouse: Path, flashinfer: BuiltWheel | None) -> BuiltWheel | None:
@@ -470,6 +533,50 @@ def register(sub) -> None:
         action="store_true",
         help="build with host networking (to reach an index or proxy on the host's loopback)",
     )
+
+    lock_cmd = add_command(
+        sub,
+        "lock",
+        cmd_lock,
+        "resolve the image's runtime lock: every package pinned with its sha256",
+        "Resolve the runtime requirements (the target's pins and the patched wheels' own "
+        "requirements; runs wheels first) with uv, once, for the image's Python and platform, "
+        "from the target's index. Every package gets name==version and the sha256 of each of "
+        "its files. The lock goes to images/<target>/runtime-lock.txt, to review and commit; "
+        "`builder image` installs from it with --require-hashes and refuses it, in one line, "
+        "once it no longer satisfies the wheels' requirements. Prints what changed.\n\n"
+        "examples:\n"
+        "  builder lock --target sm120            # re-resolve, then git diff the lock\n"
+        "  builder lock --target sm120 --check    # exit 1 when the lock is stale (for CI)",
+    )
+    lock_cmd.add_argument(
+        "--check", action="store_true", help="only check the lock against the wheels; write nothing"
+    )
+    lock_cmd.add_argument(
+        "--output", metavar="FILE", help="where to write it (default: the target's [image] lock)"
+    )
+    lock_cmd.add_argument(
+        "--runtime-requirements",
+        metavar="FILE",
+        help="resolve these top-level requirements instead of the wheels' (no wheels are built)",
+    )
+    lock_cmd.add_argument(
+        "--pip-index-url", metavar="URL", help="index to resolve from (default: the target's)"
+    )
+    lock_cmd.add_argument(
+        "--pip-extra-index-url", metavar="URL", help="extra index (default: the target's, if any)"
+    )
+    lock_cmd.add_argument(
+        "--python-version",
+        metavar="X.Y",
+        help="the image's Python (default: the target's [image] python)",
+    )
+    lock_cmd.add_argument(
+        "--python-platform",
+        metavar="PLATFORM",
+        help="uv's platform, e.g. x86_64-manylinux_2_39 (default: the target's [image] platform)",
+    )
+    _add_wheelhouse(lock_cmd)
 
     publish_cmd = add_command(
         sub,

@@ -1,0 +1,45 @@
+"""builder's own identity: the version, the commit it runs from, and its code in cache keys.
+
+A cache entry made by one revision of builder's code must not be taken by another that
+would make it differently, whatever `__version__` says: each artifact's key holds the
+bytes of the modules that shape it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+import pygit2
+
+from builder import __version__
+
+PACKAGE = Path(__file__).resolve().parent
+
+
+def code_key(*modules: str) -> str:
+    """sha256 over builder's version and the named modules' source (`wheels`, `image`...)."""
+    digest = hashlib.sha256(__version__.encode())
+    for module in sorted(modules):
+        digest.update(f"\0{module}\0".encode())
+        digest.update((PACKAGE / f"{module}.py").read_bytes())
+    return digest.hexdigest()
+
+
+@functools.cache
+def builder_identity() -> dict:
+    """version, commit (None outside a git checkout) and whether tracked files differ."""
+    found = pygit2.discover_repository(str(PACKAGE))
+    if found is None:
+        return {"version": __version__, "commit": None, "dirty": None}
+    repo = pygit2.Repository(found)
+    if repo.head_is_unborn:
+        return {"version": __version__, "commit": None, "dirty": None}
+    status = pygit2.enums.FileStatus
+    package = PACKAGE.relative_to(Path(repo.workdir).resolve()).as_posix() + "/"
+    dirty = any(
+        not flags & status.IGNORED and (not flags & status.WT_NEW or path.startswith(package))
+        for path, flags in repo.status().items()
+    )  # an edited tracked file, or a new file in builder's own package
+    return {"version": __version__, "commit": str(repo.head.target), "dirty": dirty}

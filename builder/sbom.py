@@ -1,0 +1,139 @@
+"""The image's SBOM: CycloneDX 1.6 JSON of its Python environment and builder's own wheels.
+
+Runtime packages come from pip's installation report of the runtime stage (each with the
+sha256 of the very file pip installed); builder's wheels carry their upstream and fork
+commits and the patch series hashes as properties. The SBOM is validated against the
+CycloneDX schema before it goes into the image and beside the manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from datetime import UTC, datetime
+
+from cyclonedx.model import HashAlgorithm, HashType, Property
+from cyclonedx.model.bom import Bom, BomMetaData
+from cyclonedx.model.component import Component, ComponentType
+from cyclonedx.output.json import JsonV1Dot6
+from cyclonedx.schema import SchemaVersion
+from cyclonedx.validation.json import JsonStrictValidator
+from packageurl import PackageURL
+from packaging.utils import canonicalize_name
+
+from builder.errors import BuilderError
+from builder.identity import builder_identity
+from builder.patches import ForkResult
+from builder.urls import redact
+from builder.wheels import BuiltWheel
+
+PATH_IN_IMAGE = "/opt/builder/sbom.cdx.json"
+REPORT_IN_IMAGE = "/opt/builder/runtime-install.json"  # pip install --report, runtime stage
+_PROPERTY = "builder:"
+
+
+def _sha256_of(item: dict) -> str | None:
+    archive = (item.get("download_info") or {}).get("archive_info") or {}
+    if "sha256" in (archive.get("hashes") or {}):
+        return archive["hashes"]["sha256"]
+    algorithm, _, value = (archive.get("hash") or "").partition("=")
+    return value if algorithm == "sha256" else None
+
+
+def _runtime_component(item: dict) -> Component:
+    metadata = item["metadata"]
+    name, version = metadata["name"], metadata["version"]
+    sha256 = _sha256_of(item)
+    url = (item.get("download_info") or {}).get("url", "")
+    return Component(
+        name=name,
+        version=version,
+        type=ComponentType.LIBRARY,
+        bom_ref=f"pypi:{canonicalize_name(name)}",
+        purl=PackageURL(type="pypi", name=canonicalize_name(name), version=version),
+        hashes=[HashType(alg=HashAlgorithm.SHA_256, content=sha256)] if sha256 else [],
+        properties=[Property(name=f"{_PROPERTY}installed-from", value=redact(url))] if url else [],
+    )
+
+
+def _wheel_component(name: str, wheel: BuiltWheel, fork: ForkResult | None) -> Component:
+    properties = [Property(name=f"{_PROPERTY}wheel", value=wheel.filename)]
+    if fork is not None:
+        properties += [
+            Property(name=f"{_PROPERTY}upstream-commit", value=fork.upstream_commit),
+            Property(name=f"{_PROPERTY}fork-commit", value=fork.fork_commit),
+            Property(name=f"{_PROPERTY}patch-series-sha256", value=fork.series_sha256),
+        ]
+        properties += [
+            Property(name=f"{_PROPERTY}patch:{patch.path.name}", value=patch.sha256)
+            for patch in fork.patches
+        ]
+    dist = canonicalize_name(wheel.dist_name)
+    return Component(
+        name=wheel.dist_name,
+        version=wheel.version,
+        type=ComponentType.LIBRARY,
+        bom_ref=f"builder:{name}",
+        purl=PackageURL(type="pypi", name=dist, version=wheel.version),
+        hashes=[HashType(alg=HashAlgorithm.SHA_256, content=wheel.sha256)],
+        properties=properties,
+        description=f"built by builder ({name})",
+    )
+
+
+def build_sbom(
+    image_name: str,
+    image_tag: str,
+    report: dict,
+    wheels: dict[str, BuiltWheel],
+    forks: dict[str, ForkResult],
+    lock_sha256: str,
+) -> str:
+    """The SBOM as JSON text, validated. Its serial number is derived from its content, so
+    the same packages give the same document."""
+    ours = {canonicalize_name(wheel.dist_name) for wheel in wheels.values()}
+    runtime = [
+        _runtime_component(item)
+        for item in report.get("install", [])
+        if canonicalize_name(item["metadata"]["name"]) not in ours
+    ]
+    components = [*runtime, *(_wheel_component(n, w, forks.get(n)) for n, w in wheels.items())]
+    components.sort(key=lambda c: (str(c.bom_ref), c.version or ""))
+    identity = builder_identity()
+    metadata_properties = [
+        Property(name=f"{_PROPERTY}version", value=identity["version"]),
+        Property(name=f"{_PROPERTY}commit", value=identity["commit"] or "unknown"),
+        Property(name=f"{_PROPERTY}dirty", value=str(identity["dirty"]).lower()),
+        Property(name=f"{_PROPERTY}runtime-lock-sha256", value=lock_sha256),
+        Property(name=f"{_PROPERTY}python", value=report.get("environment", {}).get(
+            "python_full_version", "unknown")),
+    ]  # fmt: skip
+    content = hashlib.sha256(
+        json.dumps(
+            [[str(c.bom_ref), c.version, [h.content for h in c.hashes]] for c in components]
+            + [[p.name, p.value] for p in metadata_properties]
+        ).encode()
+    ).hexdigest()
+    bom = Bom(
+        components=components,
+        serial_number=uuid.uuid5(uuid.NAMESPACE_URL, f"builder-sbom:{content}"),
+        metadata=BomMetaData(
+            component=Component(
+                name=image_name, version=image_tag, type=ComponentType.CONTAINER,
+                bom_ref=f"image:{image_name}",
+            ),
+            properties=metadata_properties,
+            timestamp=datetime.now(UTC).replace(microsecond=0),
+        ),
+    )  # fmt: skip
+    text = JsonV1Dot6(bom).output_as_string(indent=2)
+    validate(text, "the generated SBOM")
+    return text + "\n"
+
+
+def validate(text: str, what: str) -> None:
+    """CycloneDX 1.6 JSON schema validation (strict) by cyclonedx-python-lib."""
+    error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text)
+    if error is not None:
+        raise BuilderError(f"{what} is not valid CycloneDX 1.6: {str(error)[:300]}")
