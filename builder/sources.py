@@ -250,3 +250,34 @@ def fetch_and_checkout(cache_dir: Path, target: str, fork: Fork, mirrors: Mirror
     checkout_commit(repo, fork.commit)
     submodules = checkout_submodules(cache_dir, repo, fork.commit, fork.url, mirrors, what)
     return Checkout(fork.name, path, fork.commit, submodules)
+
+
+def export_tree(repo: pygit2.Repository, commit: str, destination: Path) -> list[str]:
+    """`commit`'s files, submodules at their gitlinks included, written under `destination`
+    with no .git anywhere and fixed modes (0644/0755): a build from it cannot depend on the
+    git CLI, a repository's owner or the host's umask. Returns the paths written."""
+    written: list[str] = []
+
+    def walk(repo: pygit2.Repository, tree: pygit2.Tree, inside: str, out: str) -> None:
+        for entry in tree:
+            path_in_repo, path = f"{inside}{entry.name}", f"{out}{entry.name}"
+            target = destination / path
+            mode = entry.filemode
+            if mode == pygit2.enums.FileMode.TREE:
+                target.mkdir()
+                walk(repo, repo.get(entry.id), path_in_repo + "/", path + "/")
+            elif mode == pygit2.enums.FileMode.COMMIT:  # a submodule, checked out at its gitlink
+                target.mkdir()
+                sub = pygit2.Repository(str(Path(repo.workdir) / path_in_repo))
+                walk(sub, sub.get(entry.id).peel(pygit2.Tree), "", path + "/")
+            elif mode == pygit2.enums.FileMode.LINK:
+                target.symlink_to(repo.get(entry.id).data.decode())
+                written.append(path)
+            else:
+                target.write_bytes(repo.get(entry.id).data)
+                target.chmod(0o755 if mode == pygit2.enums.FileMode.BLOB_EXECUTABLE else 0o644)
+                written.append(path)
+
+    destination.mkdir(parents=True, exist_ok=True)
+    walk(repo, repo.get(commit).peel(pygit2.Tree), "", "")
+    return written

@@ -34,6 +34,12 @@ class WheelBuild:
     version_env_value: str  # "{version}" or "{local}", formatted at build time
     clean: tuple[str, ...]
     must_contain: tuple[str, ...]
+    # What the backend would ask git for, written into the exported tree instead (the build
+    # sees no .git): {path in project_dir: text with {version} and {commit}}.
+    write_files: dict[str, str] = field(default_factory=dict)
+    # A file (in project_dir) listing the tracked files under project_dir, for backends whose
+    # file finder would run `git ls-files` (setuptools-scm reads an egg-info SOURCES.txt).
+    file_list: str = ""
 
 
 @dataclass(frozen=True)
@@ -187,6 +193,8 @@ def load_fork(data_dir: Path, name: str) -> Fork:
             version_env_value=env_value,
             clean=build.strings("clean", []),
             must_contain=build.strings("must_contain", []),
+            write_files=_write_files(build),
+            file_list=build.get("file_list", str, ""),
         ),
         directory=path.parent,
     )
@@ -194,6 +202,18 @@ def load_fork(data_dir: Path, name: str) -> Fork:
 
 _GENERATOR_RE = re.compile(r"^[\w.]+:\w+(\(.*\))?$")
 _SETTING_RE = re.compile(r"^\w+=.+$")
+
+
+def _write_files(build: _Reader) -> dict[str, str]:
+    table = build.get("write_files", dict, {})
+    for path, text in table.items():
+        if not isinstance(text, str):
+            raise build.fail(f"write_files.{path}", "must be a string")
+        try:
+            text.format(version="", commit="")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise build.fail(f"write_files.{path}", f"has an unknown placeholder ({exc})") from None
+    return dict(table)
 
 
 def _jit_module(jit: _Reader, entry: Any) -> JitModule:

@@ -1,10 +1,12 @@
 """Stage 3: build each fork's wheel with `build`, verify it, and cache it by content.
 
 The version is `<upstream version>+<label>.g<fork sha7>` and lands in the wheel METADATA.
-SOURCE_DATE_EPOCH comes from the fork commit and build directories are cleaned first, so
-two clean builds give byte-identical wheels. A wheel is built in a staging directory,
-checked (version, patched lines, required files), and only then moved into the cache and
-copied into the wheelhouse: a failed or interrupted build leaves nothing behind.
+SOURCE_DATE_EPOCH comes from the fork commit, and the build runs in an export of the fork
+commit with no .git (what a backend would ask git for is written in from pin.toml), so two
+clean builds give byte-identical wheels, with or without the git CLI on the host. A wheel
+is built in a staging directory, checked (version, patched lines, required files), and only
+then moved into the cache and copied into the wheelhouse: a failed or interrupted build
+leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import warnings
 import zipfile
 from dataclasses import asdict, dataclass
@@ -28,7 +31,7 @@ from builder.cache import atomic_copy, content_key, remove_tree, sha256_file, st
 from builder.errors import BuilderError
 from builder.identity import code_key
 from builder.patches import ForkResult, PatchFile
-from builder.sources import checkout_commit
+from builder.sources import export_tree
 from builder.target import Fork
 
 BACKEND_PACKAGES = ("setuptools", "setuptools-scm", "wheel", "build")
@@ -100,7 +103,9 @@ def _runner(log_path: Path, extra_env: dict[str, str]):
     def run(cmd, cwd=None, extra_environ=None):
         env = backend_environment({**(extra_environ or {}), **extra_env})
         with log_path.open("ab") as log:
-            completed = subprocess.run(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+            completed = subprocess.run(  # the wheel records file modes: not the host's umask
+                cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, umask=0o022
+            )
         if completed.returncode:
             raise subprocess.CalledProcessError(completed.returncode, cmd)
 
@@ -220,15 +225,27 @@ def verify_wheel(wheel: Path, fork: Fork, version: str, patches: tuple[PatchFile
                 )
 
 
-def _clean(source: Path, fork: Fork) -> None:
-    for relative in fork.wheel.clean:
-        remove_tree(source / relative)
-
-
-def _run_build(
-    result: ForkResult, fork: Fork, env: dict[str, str], outdir: Path, log_path: Path
+def _export_source(
+    repo: pygit2.Repository, fork: Fork, commit: str, version: str, root: Path
 ) -> Path:
-    source = result.checkout.path / fork.wheel.project_dir
+    """The fork commit as plain files, plus what the backend would otherwise ask git for;
+    the project folder to build."""
+    paths = export_tree(repo, commit, root)
+    for relative in fork.wheel.clean:
+        remove_tree(root / relative)
+    project = root / fork.wheel.project_dir
+    for relative, text in fork.wheel.write_files.items():
+        (project / relative).parent.mkdir(parents=True, exist_ok=True)
+        (project / relative).write_text(text.format(version=version, commit=commit))
+    if fork.wheel.file_list:
+        prefix = f"{fork.wheel.project_dir.strip('/')}/" if fork.wheel.project_dir else ""
+        listed = sorted(path.removeprefix(prefix) for path in paths if path.startswith(prefix))
+        (project / fork.wheel.file_list).parent.mkdir(parents=True, exist_ok=True)
+        (project / fork.wheel.file_list).write_text("".join(f"{path}\n" for path in listed))
+    return project
+
+
+def _run_build(source: Path, fork: Fork, env: dict[str, str], outdir: Path, log_path: Path) -> Path:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("")
     project = build.ProjectBuilder(
@@ -279,12 +296,18 @@ def build_wheel(
                 f"[green]✓[/] {fork.name}: wheel {record['filename']} unchanged (cache hit)"
             )
     if not cached:
-        checkout_commit(repo, result.fork_commit)
-        _clean(result.checkout.path, fork)
-        with staging_dir(entry) as staging:
+        with (
+            staging_dir(entry) as staging,
+            tempfile.TemporaryDirectory(prefix=".source-", dir=cache_dir) as exported,
+        ):
             with progress.task(f"build wheel {fork.wheel.dist_name} {version}"):
+                source = _export_source(
+                    repo, fork, result.fork_commit, version, Path(exported) / fork.name
+                )
                 log_path = cache_dir / "logs" / f"{fork.name}-wheel.log"
-                built = _run_build(result, fork, env, staging, log_path)
+                # No repository above the export either (git looks upward for one).
+                backend_env = {**env, "GIT_CEILING_DIRECTORIES": exported}
+                built = _run_build(source, fork, backend_env, staging, log_path)
             verify_wheel(built, fork, version, result.patches)
             record = {"filename": built.name, "sha256": sha256_file(built), "key": key}
             (staging / "wheel.json").write_text(json.dumps(record, indent=2))

@@ -77,10 +77,10 @@ class Builder:
         if command == "patches":  # `patches ACTION` takes the options after the action
             command, rest = f"patches {rest[0]}", rest[1:]
         options = [] if command == "verify" else ["--data-dir", str(self.data_dir)]
-        fetches = ("sources", "patch", "wheels", "image", "publish", "patches")
+        fetches = ("sources", "patch", "wheels", "lock", "image", "publish", "patches")
         if command.split()[0] in fetches and command != "patches list":
             options += ["--cache-dir", str(self.cache_dir), "--mirror", self.mirror]
-        if command in ("wheels", "image", "publish"):
+        if command in ("wheels", "lock", "image", "publish"):
             options += ["--wheelhouse", str(self.wheelhouse)]
         return [sys.executable, "-m", "builder.cli", *command.split(), *options, *rest]
 

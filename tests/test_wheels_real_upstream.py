@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -104,6 +105,33 @@ def test_two_clean_builds_are_byte_identical(
         assert two["wheel"]["sha256"] == one["wheel"]["sha256"]
 
 
+def test_wheel_bytes_do_not_depend_on_the_git_cli(
+    first: tuple[Builder, dict], tmp_path: Path, github: Upstreams
+) -> None:
+    """`first` ran with git on PATH; this build has none. Both build from an export with no
+    .git, with the fork commit and the tracked file list written in from pin.toml."""
+    _, result = first
+    assert shutil.which("git"), "the first build should have had the git CLI"
+    no_git = tmp_path / "bin"
+    no_git.mkdir()
+    assert shutil.which("git", path=str(no_git)) is None
+    fresh = Builder(
+        make_data_dir(tmp_path / "data", github), tmp_path / "cache", github.mirror, tmp_path / "wh"
+    )
+    second = json.loads(fresh.run("wheels", "--json", env={"PATH": str(no_git)}).stdout)
+    for name in ("sglang", "flashinfer"):
+        assert (
+            second["upstreams"][name]["wheel"]["sha256"]
+            == result["upstreams"][name]["wheel"]["sha256"]
+        )
+    flashinfer = second["upstreams"]["flashinfer"]
+    build_meta = _read(Path(flashinfer["wheel"]["path"]), "flashinfer/_build_meta.py")
+    assert f'__git_version__ = "{flashinfer["fork_commit"]}"' in build_meta  # not "unknown"
+    with zipfile.ZipFile(second["upstreams"]["sglang"]["wheel"]["path"]) as archive:
+        # package data only `git ls-files` (or the file list builder writes) brings in
+        assert "sglang/README.md" in archive.namelist()
+
+
 def test_upstream_filter_and_sources_only(builder: Builder) -> None:
     result = json.loads(builder.run("sources", "--upstream", "sglang", "--json").stdout)
     assert list(result["upstreams"]) == ["sglang"]
@@ -164,7 +192,7 @@ def test_image_runtime_requirements_come_from_target_pins_and_wheel_metadata(
 ) -> None:
     from types import SimpleNamespace
 
-    from builder.image import runtime_requirements
+    from builder.image import runtime_inputs
     from builder.target import load_target
 
     builder, result = first
@@ -173,11 +201,7 @@ def test_image_runtime_requirements_come_from_target_pins_and_wheel_metadata(
         name: SimpleNamespace(dist_name=u["wheel"]["dist_name"], path=Path(u["wheel"]["path"]))
         for name, u in result["upstreams"].items()
     }
-    lines = [
-        line
-        for line in runtime_requirements(target, wheels).splitlines()
-        if not line.startswith("#")
-    ]
+    lines = [str(requirement) for requirement in runtime_inputs(target, wheels)]
     assert {"torch==2.9.1", "sgl-kernel==0.3.21", "flashinfer-cubin==0.6.3"} <= set(lines)
     assert "transformers==4.57.1" in lines  # sglang 0.5.9's own pin, from its METADATA
     assert any(line.startswith("apache-tvm-ffi") for line in lines)  # flashinfer's
@@ -186,3 +210,21 @@ def test_image_runtime_requirements_come_from_target_pins_and_wheel_metadata(
         names
     )
     assert len(names) == len(set(names)), "one line per distribution"
+
+
+def test_the_committed_sm120_lock_satisfies_the_wheels_and_a_stale_one_is_refused(
+    first: tuple[Builder, dict], tmp_path: Path
+) -> None:
+    """`builder lock --check` on the real wheels: the reviewed lock is current; the same
+    lock with torch moved off sglang's pin is refused in one line naming the file."""
+    builder, _ = first
+    lock = builder.data_dir / "images/sm120/runtime-lock.txt"
+    assert builder.run("lock", "--check").returncode == 0
+    stale = tmp_path / "stale-lock.txt"
+    stale.write_text(lock.read_text().replace("\ntorch==2.9.1 ", "\ntorch==2.8.0 "))
+    refused = builder.run("lock", "--check", "--output", str(stale), check=False)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"error: {stale}: stale lock: torch==2.9.1 is not met by its torch==2.8.0; "
+        "run `builder lock`"
+    )
