@@ -150,11 +150,11 @@ def test_base(docker_client, tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="session")
 def runtime_index(tmp_path_factory: pytest.TempPathFactory):
     """A pypiserver holding what the image's runtime stage needs, for offline builds."""
-    from tests.services import IMAGE_RUNTIME_REQUIREMENTS, runtime_wheelhouse, start_pypiserver
+    from tests.services import IMAGE_RUNTIME_LOCK, runtime_wheelhouse, start_pypiserver
 
     root = tmp_path_factory.mktemp("runtime-index")
     process, port = start_pypiserver(runtime_wheelhouse(), root / "pypiserver.log")
-    yield f"http://127.0.0.1:{port}/simple/", IMAGE_RUNTIME_REQUIREMENTS
+    yield f"http://127.0.0.1:{port}/simple/", IMAGE_RUNTIME_LOCK
     process.terminate()
 
 
@@ -201,3 +201,21 @@ def built_image(tmp_path_factory, github: Upstreams, docker_host, test_base, run
     builder = builder_in(root, github, docker_host)
     result = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
     return builder, result["image"], Path(result["manifest"])
+
+
+def pip_freeze(client, reference: str) -> list[str]:
+    """`pip freeze --all` in the image: its Python environment, one line per distribution."""
+    output = client.containers.run(
+        reference, ["-m", "pip", "freeze", "--all"], entrypoint=["python"], remove=True
+    )
+    return sorted(output.decode().splitlines())
+
+
+def installed_versions(client, reference: str) -> dict[str, str]:
+    """{canonical name: version} of every distribution in the image's environment."""
+    from packaging.utils import canonicalize_name
+
+    output = client.containers.run(
+        reference, ["-m", "pip", "list", "--format=json"], entrypoint=["python"], remove=True
+    )
+    return {canonicalize_name(d["name"]): d["version"] for d in json.loads(output)}

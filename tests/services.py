@@ -153,6 +153,8 @@ def start_pypiserver(
 DATA = Path(__file__).parent / "data"
 CUDA_TOOLKIT = DATA / "cuda-toolkit.txt"
 IMAGE_RUNTIME_REQUIREMENTS = DATA / "image-runtime-requirements.txt"
+# The same resolved by `builder lock` (python 3.11, manylinux_2_28): what test images install.
+IMAGE_RUNTIME_LOCK = DATA / "image-runtime-lock.txt"
 _HEADERS_ONLY = ("nvidia-cublas", "nvidia-curand")
 
 
@@ -197,13 +199,13 @@ def _cached_download(name: str, requirements_file: Path, *options: str) -> Path:
     key = hashlib.sha256(requirements_file.read_bytes()).hexdigest()[:12]
     destination = CACHE / f"{name}-{key}"
     if not destination.is_dir():
-        _pip_download(requirement_lines(requirements_file), destination, *options)
+        _pip_download(["-r", str(requirements_file)], destination, *options)
     return destination
 
 
 def runtime_wheelhouse() -> Path:
     """Wheels for the test image's runtime stage (torch with its CUDA libraries), cached."""
-    return _cached_download("image-runtime-wheels", IMAGE_RUNTIME_REQUIREMENTS)
+    return _cached_download("image-runtime-wheels", IMAGE_RUNTIME_LOCK, "--require-hashes")
 
 
 def _debootstrap(destination: Path) -> Path:

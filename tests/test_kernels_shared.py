@@ -22,7 +22,14 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from tests.conftest import REGISTRY_PASSWORD, REGISTRY_USER, Builder, Upstreams, builder_in
+from tests.conftest import (
+    REGISTRY_PASSWORD,
+    REGISTRY_USER,
+    Builder,
+    Upstreams,
+    builder_in,
+    pip_freeze,
+)
 from tests.services import build_test_base, start_dockerd, start_pypiserver
 from tests.test_image import image_args
 
@@ -112,9 +119,10 @@ def test_first_build_compiles_each_module_once_and_shares_it(host_a, registry) -
 
 
 def test_a_fresh_host_takes_every_kernel_from_the_registry(
-    host_a, tmp_path_factory, github: Upstreams, runtime_index
+    host_a, tmp_path_factory, github: Upstreams, runtime_index, docker_client
 ) -> None:
-    """Host B: its own Docker engine (fresh data root) and cache, the same data."""
+    """Host B: its own Docker engine (fresh data root) and cache, the same data. Its image
+    is a second, independent build from the same runtime lock: the same packages."""
     _, first, shared, _ = host_a
     engine = start_dockerd(tmp_path_factory.mktemp("host-b-engine"), second=True)
     try:
@@ -126,9 +134,13 @@ def test_a_fresh_host_takes_every_kernel_from_the_registry(
         result = builder.run(
             *kernel_args(base_b, runtime_index, "--kernel-registry", shared), env=REGISTRY_ENV
         )
+        second = json.loads(result.stdout)
+        installed_b = pip_freeze(client_b, second["image"]["reference"])
     finally:
         engine.stop()
-    second = json.loads(result.stdout)
+    installed_a = pip_freeze(docker_client, first["image"]["reference"])
+    assert installed_a == installed_b
+    assert "torch==2.9.1" in installed_a
     modules = this_run(second)
     assert {m["source"] for m in modules.values()} == {"reused"}
     assert "2 of 2 modules have an entry (2 from the registry)" in result.stderr

@@ -128,6 +128,8 @@ def _image_options(args: argparse.Namespace, ctx: pipeline.Context) -> image.Ima
     requirements = Path(args.runtime_requirements) if args.runtime_requirements else None
     if requirements and not requirements.is_file():
         raise BuilderError(f"--runtime-requirements {requirements}: no such file")
+    if requirements:
+        lock.refuse_excluded(lock.parse(requirements), target.image.exclude_requirements)
     modules = (
         tuple(m.strip() for m in args.jit_modules.split(";") if m.strip())
         if args.jit_modules is not None
@@ -495,13 +497,14 @@ def register(sub) -> None:
     image_cmd.add_argument(
         "--pip-extra-index-url",
         metavar="URL",
-        help="extra index (default: the target's torch index)",
+        help="extra index (default: the target's, if any)",
     )
     image_cmd.add_argument(
         "--runtime-requirements",
         metavar="FILE",
-        help="install exactly these runtime requirements instead of the derived list "
-        "(recorded in the image's inputs)",
+        help="install these runtime requirements instead of the target's lock, as given "
+        "(with --hash on every entry: installed with --require-hashes); recorded in the "
+        "image's inputs",
     )
     image_cmd.add_argument(
         "--jit-modules",
