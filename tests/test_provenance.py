@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from builder.errors import BuilderError
 from builder.provenance import refuse_dirty_push, uncommitted_data
-from tests.conftest import Builder
+from tests.conftest import REPO_ROOT, Builder
 
 
 def test_index_url_with_credentials_is_refused_before_any_build(builder: Builder) -> None:
@@ -42,3 +46,32 @@ def test_push_from_uncommitted_project_data_is_refused(builder: Builder) -> None
 
     result = builder.run("image", "--push", "127.0.0.1:5000/x", check=False)
     assert result.returncode == 1 and "refusing to push" in result.stderr
+
+
+def _code_keys(package_root, *modules: str) -> dict[str, str]:
+    script = (
+        "import json, sys; from builder.identity import code_key; "
+        "print(json.dumps({m: code_key(m) for m in sys.argv[1:]}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, *modules],
+        env={"PYTHONPATH": str(package_root), "PATH": "/usr/bin:/bin"},
+        cwd=package_root, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(result.stdout)
+
+
+def test_cache_keys_follow_the_builder_code_that_shapes_each_artifact(tmp_path: Path) -> None:
+    """An edit to wheels.py changes the wheels' key (a stale wheel is never reused) and
+    leaves the image's key alone; a copy of the same code gives the same keys."""
+    copy = tmp_path / "pkg"
+    shutil.copytree(
+        REPO_ROOT / "builder", copy / "builder", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    before = _code_keys(copy, "wheels", "image")
+    assert before == _code_keys(REPO_ROOT, "wheels", "image")
+    with (copy / "builder/wheels.py").open("a") as module:
+        module.write("\n# a change to how wheels are built\n")
+    after = _code_keys(copy, "wheels", "image")
+    assert after["wheels"] != before["wheels"]
+    assert after["image"] == before["image"]
