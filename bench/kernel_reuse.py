@@ -8,8 +8,10 @@
 
 The kernel step is what `builder image` reports as `kernel_build.seconds`: the key lookup,
 fetching entries, reusing or compiling, and the kernel wheel (not the Docker stages around
-it). The module set is the tests' three: norm, fp4_quantization_120 and vllm_comm, the
-comm module (trtllm_comm itself takes minutes per compile on this machine).
+it). The module set: four of the GLM-5 server's unchanged-by-comm modules that compile in
+minutes here (norm, fp4_quantization_120, the MLA decode and the ragged prefill attention;
+fused_moe_120 and the fp4 GEMM take hours on 2 cores), and vllm_comm as the comm module
+the change touches (trtllm_comm itself takes minutes per compile here).
 
 Needs what the tests need (Debian's docker.io, docker-registry, debootstrap, PyPI).
 
@@ -39,6 +41,10 @@ from tests.test_kernels_shared import comm_only_patch  # noqa: E402
 MODULES = (
     "flashinfer.jit.norm:gen_norm_module;"
     "flashinfer.jit.fp4_quantization:gen_fp4_quantization_sm120_module;"
+    "flashinfer.jit.attention.modules:gen_batch_mla_module('fa2', torch.bfloat16, "
+    "torch.bfloat16, torch.bfloat16, torch.int32, 512, 64, False);"
+    "flashinfer.jit.attention.modules:gen_batch_prefill_module('fa2', torch.bfloat16, "
+    "torch.bfloat16, torch.bfloat16, torch.int32, 256, 256, 0, False, False, False);"
     "flashinfer.jit.comm:gen_vllm_comm_module"
 )
 CREDENTIALS = {

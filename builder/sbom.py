@@ -115,18 +115,20 @@ def build_sbom(
             + [[p.name, p.value] for p in metadata_properties]
         ).encode()
     ).hexdigest()
+    image = Component(
+        name=image_name, version=image_tag, type=ComponentType.CONTAINER,
+        bom_ref=f"image:{image_name}",
+    )  # fmt: skip
     bom = Bom(
         components=components,
         serial_number=uuid.uuid5(uuid.NAMESPACE_URL, f"builder-sbom:{content}"),
         metadata=BomMetaData(
-            component=Component(
-                name=image_name, version=image_tag, type=ComponentType.CONTAINER,
-                bom_ref=f"image:{image_name}",
-            ),
+            component=image,
             properties=metadata_properties,
             timestamp=datetime.now(UTC).replace(microsecond=0),
         ),
     )  # fmt: skip
+    bom.register_dependency(image, components)  # the image holds every one of them
     text = JsonV1Dot6(bom).output_as_string(indent=2)
     validate(text, "the generated SBOM")
     return text + "\n"
