@@ -8,6 +8,7 @@ image's own Python. It prints one JSON line, `BUILDER-VERIFY [{check, ok, detail
 - the kernel wheel is builder's, for exactly the installed flashinfer build (never the
   official flashinfer-jit-cache), and every listed module loads from it with JIT disabled,
   byte for byte as built, with GPU code for the target arch (the image's jit_warmup.py);
+- the SBOM lists exactly the installed distributions at their versions;
 - `pip check` is clean.
 """
 
@@ -17,11 +18,13 @@ import base64
 import hashlib
 import importlib.metadata as metadata
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 WARMUP = "/opt/builder/jit_warmup.py"
+SBOM = "/opt/builder/sbom.cdx.json"
 
 
 def record_mismatches(dist: metadata.Distribution) -> list[str]:
@@ -39,6 +42,37 @@ def record_mismatches(dist: metadata.Distribution) -> list[str]:
         if digest != file.hash.value:
             changed.append(str(file))
     return changed
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def sbom_matches_environment() -> tuple[bool, str]:
+    """The image's SBOM lists exactly the distributions installed, at their versions (but
+    the venv's own pip and setuptools, which no lock or wheel installed)."""
+    try:
+        sbom = json.loads(Path(SBOM).read_text())
+    except (OSError, ValueError) as exc:
+        return False, f"no readable SBOM at {SBOM} ({exc.__class__.__name__})"
+    listed = {
+        _canonical(c["purl"].split("@")[0].removeprefix("pkg:pypi/")): c.get("version")
+        for c in sbom.get("components", [])
+        if c.get("purl", "").startswith("pkg:pypi/")
+    }
+    installed = {
+        _canonical(dist.metadata["Name"]): dist.version
+        for dist in metadata.distributions()
+        if _canonical(dist.metadata["Name"]) not in ("pip", "setuptools")
+    }
+    wrong = sorted(
+        f"{name} {installed.get(name, 'absent')} installed, SBOM says {listed.get(name, 'absent')}"
+        for name in installed.keys() | listed.keys()
+        if installed.get(name) != listed.get(name)
+    )
+    if wrong:
+        return False, f"{len(wrong)} difference(s), first: {wrong[0]}"
+    return True, f"{SBOM} lists the {len(installed)} installed distributions at their versions"
 
 
 def main() -> None:
@@ -126,6 +160,8 @@ def main() -> None:
             if run.returncode == 0 and lines
             else (errors[0] if errors else "\n".join(lines[-3:])),
         )
+
+    check("sbom", *sbom_matches_environment())
 
     run = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
     output = (run.stdout + run.stderr).strip()

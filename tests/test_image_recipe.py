@@ -126,18 +126,20 @@ def test_verify_passes_on_the_image(built_image, docker_host, tmp_path) -> None:
     assert result.returncode == 1
     assert set(checks) == {
         "labels", "wheel sglang", "wheel flashinfer", "wheel kernels", "patches sglang",
-        "patches flashinfer", "kernel wheel", "kernels load", "pip check",
+        "patches flashinfer", "kernel wheel", "kernels load", "sbom", "pip check",
     }  # fmt: skip
     text = bare_builder(tmp_path, docker_host, "verify", image["reference"], check=False).stdout
     assert len(text.strip().splitlines()) == len(checks) + 1  # one line per check, a verdict
 
 
 def _tampered_copy(docker_client, reference: str) -> str:
-    """The image with one module .so replaced and one installed file of a wheel edited."""
+    """The image with one module .so replaced, one installed file of a wheel edited and one
+    locked package removed."""
     script = (
         "set -e; site=$(python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])'); "
         "printf 'not a kernel' > $site/flashinfer_jit_cache/jit_cache/norm/norm.so; "
-        "echo '# edited on the VM' >> $site/flashinfer/jit/comm.py"
+        "echo '# edited on the VM' >> $site/flashinfer/jit/comm.py; "
+        "python -m pip uninstall -q -y tabulate"
     )
     container = docker_client.containers.run(
         reference, ["-c", script], entrypoint=["sh"], detach=True, network_mode="none"
@@ -160,12 +162,13 @@ def test_verify_names_the_culprits_in_a_tampered_copy(
         assert result.returncode == 1
         checks = {c["check"]: c for c in json.loads(result.stdout)["checks"]}
         failed = {name for name, c in checks.items() if not c["ok"]}
-        assert failed == {"wheel flashinfer", "wheel kernels", "kernels load", "pip check"}
+        assert failed == {"wheel flashinfer", "wheel kernels", "kernels load", "sbom", "pip check"}
         assert "flashinfer/jit/comm.py" in checks["wheel flashinfer"]["detail"]
         assert "jit_cache/norm/norm.so" in checks["wheel kernels"]["detail"]
         assert "norm.so" in checks["kernels load"]["detail"]
+        assert "tabulate absent installed, SBOM says" in checks["sbom"]["detail"]
         text = bare_builder(tmp_path, docker_host, "verify", tampered, check=False).stdout
-        assert "FAIL wheel flashinfer" in text and text.strip().endswith("4 of 9 checks failed")
+        assert "FAIL wheel flashinfer" in text and text.strip().endswith("5 of 10 checks failed")
     finally:
         docker_client.images.remove(tampered, force=True)
 
