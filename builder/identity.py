@@ -34,10 +34,13 @@ def builder_identity() -> dict:
     if found is None:
         return {"version": __version__, "commit": None, "dirty": None}
     repo = pygit2.Repository(found)
-    if repo.head_is_unborn:
-        return {"version": __version__, "commit": None, "dirty": None}
-    status = pygit2.enums.FileStatus
+    unknown = {"version": __version__, "commit": None, "dirty": None}
+    if repo.head_is_unborn or repo.workdir is None:
+        return unknown
     package = PACKAGE.relative_to(Path(repo.workdir).resolve()).as_posix() + "/"
+    if f"{package}__init__.py" not in repo.head.peel(pygit2.Tree):
+        return unknown  # installed inside some other checkout: not builder's own history
+    status = pygit2.enums.FileStatus
     dirty = any(
         not flags & status.IGNORED and (not flags & status.WT_NEW or path.startswith(package))
         for path, flags in repo.status().items()

@@ -163,27 +163,25 @@ def _wheel_requirements(wheel: Path) -> list[Requirement]:
 
 
 def runtime_inputs(target: Target, wheels: dict[str, BuiltWheel]) -> list[Requirement]:
-    """The target's pins, then every wheel's own requirements that are not ours or pinned:
-    what the runtime lock must satisfy."""
+    """The target's pins, then every wheel's own requirements for what the target does not
+    pin (all of them: uv intersects two wheels' ranges for one package), none of ours or
+    excluded: what the runtime lock is resolved from and must satisfy."""
     ours = {canonicalize_name(w.dist_name) for w in wheels.values()}
     excluded = {canonicalize_name(n) for n in target.image.exclude_requirements}
-    chosen: dict[str, Requirement] = {}
-    for text in target.image.requirements:
-        requirement = Requirement(text)
-        chosen.setdefault(canonicalize_name(requirement.name), requirement)
+    pinned = [Requirement(text) for text in target.image.requirements]
+    taken = {canonicalize_name(r.name) for r in pinned} | ours | excluded
+    chosen = {str(r): r for r in pinned}
     for wheel in sorted(wheels.values(), key=lambda w: w.dist_name):
         for requirement in _wheel_requirements(wheel.path):
-            name = canonicalize_name(requirement.name)
-            if name in ours or name in excluded:
-                continue
-            chosen.setdefault(name, requirement)
-    return [chosen[name] for name in sorted(chosen)]
+            if canonicalize_name(requirement.name) not in taken:
+                chosen.setdefault(str(requirement), requirement)
+    return sorted(chosen.values(), key=lambda r: (canonicalize_name(r.name), str(r)))
 
 
 def _runtime_lock(target: Target, wheels: dict[str, BuiltWheel], options: ImageOptions) -> Lock:
     """What the runtime stage installs: the user's file as given, or the target's lock once
-    it is known to satisfy the wheels' requirements. Either way nothing the target
-    excludes, and with hashes on every entry or on none."""
+    it is known to be current (hashed, for the image's Python and platform, resolved from
+    the wheels' requirements now). Either way nothing the target excludes."""
     if options.runtime_requirements:
         chosen = lock.parse(options.runtime_requirements)
     else:
@@ -194,16 +192,13 @@ def _runtime_lock(target: Target, wheels: dict[str, BuiltWheel], options: ImageO
                 f"`builder lock --target {target.name}` and commit the file"
             )
         chosen = lock.parse(path)
-        if not chosen.hashed:
-            raise BuilderError(f"{path}: the runtime lock has no hashes: run `builder lock`")
-        environment = lock.target_environment(target.image.python, target.image.platform)
-        stale = lock.unmet(chosen, runtime_inputs(target, wheels), environment)
-        if stale:
-            more = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
-            raise BuilderError(
-                f"{path}: stale lock: {stale[0]}{more}; run `builder lock --target "
-                f"{target.name}` and review the change"
-            )
+        lock.refuse_stale(
+            chosen,
+            target=target.name,
+            python=target.image.python,
+            platform=target.image.platform,
+            requirements=runtime_inputs(target, wheels),
+        )
     lock.refuse_excluded(chosen, target.image.exclude_requirements)
     return chosen
 

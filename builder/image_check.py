@@ -50,7 +50,7 @@ def _canonical(name: str) -> str:
 
 def sbom_matches_environment() -> tuple[bool, str]:
     """The image's SBOM lists exactly the distributions installed, at their versions (but
-    the venv's own pip and setuptools, which no lock or wheel installed)."""
+    the venv's own pip and setuptools, unless the lock installed them)."""
     try:
         sbom = json.loads(Path(SBOM).read_text())
     except (OSError, ValueError) as exc:
@@ -60,10 +60,11 @@ def sbom_matches_environment() -> tuple[bool, str]:
         for c in sbom.get("components", [])
         if c.get("purl", "").startswith("pkg:pypi/")
     }
+    seeded = {"pip", "setuptools"} - listed.keys()  # from `python -m venv`, when not locked
     installed = {
         _canonical(dist.metadata["Name"]): dist.version
         for dist in metadata.distributions()
-        if _canonical(dist.metadata["Name"]) not in ("pip", "setuptools")
+        if _canonical(dist.metadata["Name"]) not in seeded
     }
     wrong = sorted(
         f"{name} {installed.get(name, 'absent')} installed, SBOM says {listed.get(name, 'absent')}"

@@ -25,14 +25,18 @@ from builder.errors import BuilderError
 from builder.urls import redact
 
 _HEADER = re.compile(r"^# (python|platform|index|inputs): (\S+)$", re.MULTILINE)
-_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
+# pip's forms: --hash=sha256:HEX or --hash sha256:HEX (sha384/sha512 accepted as well).
+_HASH = re.compile(r"--hash[= ](sha256|sha384|sha512):([0-9a-fA-F]+)")
+_OPTIONS = re.compile(r"\s--?[A-Za-z]")
 
 
 @dataclass(frozen=True)
 class LockedPackage:
     name: str  # canonical
     version: str
-    hashes: tuple[str, ...]
+    hashes: tuple[str, ...]  # its sha256 digests (lowercase hex)
+    pinned_by_hash: bool  # any --hash (sha256, sha384 or sha512)
+    line: int
 
 
 @dataclass(frozen=True)
@@ -41,10 +45,11 @@ class Lock:
     text: str
     packages: dict[str, LockedPackage]
     header: dict[str, str]  # python, platform, index, inputs (as `builder lock` wrote them)
+    options: tuple[str, ...]  # pip option lines (--find-links ...): a user's file only
 
     @property
     def hashed(self) -> bool:
-        return any(package.hashes for package in self.packages.values())
+        return any(package.pinned_by_hash for package in self.packages.values())
 
 
 def requirement_lines(text: str) -> list[tuple[int, str]]:
@@ -67,48 +72,66 @@ def requirement_lines(text: str) -> list[tuple[int, str]]:
     return joined
 
 
+def requirement_of(path: Path, number: int, line: str) -> Requirement:
+    """The requirement of one logical line, without its per-line options (--hash ...)."""
+    text = _OPTIONS.split(" " + line, maxsplit=1)[0].strip()
+    try:
+        return Requirement(text)
+    except InvalidRequirement as exc:
+        raise BuilderError(
+            f"{path}:{number}: not a requirement: {str(exc).splitlines()[0]}"
+        ) from None
+
+
 def parse(path: Path, text: str | None = None) -> Lock:
     """Every entry of a requirements file; when any entry carries a hash, all must, each
-    pinned with `==` (the form `pip install --require-hashes` takes)."""
+    pinned with `==` (the form `pip install --require-hashes` takes), each listed once."""
     text = path.read_text() if text is None else text
     packages: dict[str, LockedPackage] = {}
+    options: list[str] = []
     for number, line in requirement_lines(text):
         if line.startswith("-"):
-            raise BuilderError(
-                f"{path}:{number}: '{line.split()[0]}': a lock lists packages only "
-                "(index URLs and other options come from the target or the command line)"
-            )
-        requirement_text = line.split(" --hash", 1)[0].strip()
-        try:
-            requirement = Requirement(requirement_text)
-        except InvalidRequirement as exc:
-            raise BuilderError(f"{path}:{number}: not a requirement: {exc}") from None
+            options.append(line)
+            continue
+        requirement = requirement_of(path, number, line)
         pins = [spec for spec in requirement.specifier if spec.operator in ("==", "===")]
         name = canonicalize_name(requirement.name)
+        if name in packages:
+            raise BuilderError(
+                f"{path}:{number}: {name} is listed twice (first at line {packages[name].line})"
+            )
         packages[name] = LockedPackage(
             name=name,
             version=pins[0].version if len(pins) == 1 and "*" not in pins[0].version else "",
-            hashes=tuple(_HASH.findall(line)),
+            hashes=tuple(d.lower() for a, d in _HASH.findall(line) if a == "sha256"),
+            pinned_by_hash=bool(_HASH.search(line)),
+            line=number,
         )
-    lock = Lock(path=path, text=text, packages=packages, header=dict(_HEADER.findall(text)))
+    header = dict(_HEADER.findall(text))
+    lock = Lock(path=path, text=text, packages=packages, header=header, options=tuple(options))
     if lock.hashed:
         for package in packages.values():
-            if not package.version or not package.hashes:
+            if not package.version or not package.pinned_by_hash:
                 raise BuilderError(
-                    f"{path}: {package.name} is not pinned with == and a --hash=sha256: "
-                    "with hashes on any entry, every entry needs both (pip --require-hashes)"
+                    f"{path}:{package.line}: {package.name} is not pinned with == and a "
+                    "--hash: with hashes on any entry, every entry needs both "
+                    "(pip --require-hashes)"
                 )
     return lock
 
 
+def refuse_names(lock: Lock, names: set[str], why: str) -> None:
+    """One line naming the file, the line and the package that must not be in it."""
+    for name in sorted(names):
+        found = lock.packages.get(canonicalize_name(name))
+        if found is not None:
+            raise BuilderError(f"{lock.path}:{found.line}: lists {found.name}, {why}; remove it")
+
+
 def refuse_excluded(lock: Lock, excluded: tuple[str, ...]) -> None:
-    """A package the target never installs (flashinfer-jit-cache) is refused from any file."""
-    for name in excluded:
-        if canonicalize_name(name) in lock.packages:
-            raise BuilderError(
-                f"{lock.path}: lists {name}, which this target never installs (its prebuilt "
-                "trtllm_comm has no sm_120, and FlashInfer would load it before ours); remove it"
-            )
+    """A package the target keeps out of the image (flashinfer-jit-cache) is refused from
+    any file, the lock and a user's --runtime-requirements alike."""
+    refuse_names(lock, set(excluded), "which the target's [image] exclude_requirements keeps out")
 
 
 def target_environment(python: str, platform: str) -> dict[str, str]:
@@ -141,18 +164,49 @@ def unmet(lock: Lock, requirements: list[Requirement], environment: dict[str, st
     return problems
 
 
-def header(target: str, python: str, platform: str, index: str, inputs: str) -> str:
+def inputs_digest(requirements: list[str]) -> str:
+    """What a lock was resolved from, as its header records it."""
+    return content_key({"requirements": "".join(f"{line}\n" for line in requirements)})[:16]
+
+
+def refuse_stale(
+    chosen: Lock, *, target: str, python: str, platform: str, requirements: list[Requirement]
+) -> None:
+    """The target's lock must be hashed, made for the image's Python and platform, satisfy
+    every requirement and have been resolved from exactly these requirements."""
+    fix = f"run `builder lock --target {target}` and review the change"
+    path = chosen.path
+    if chosen.options:
+        raise BuilderError(f"{path}: '{chosen.options[0]}': a lock lists packages only; {fix}")
+    if not chosen.hashed:
+        raise BuilderError(f"{path}: the runtime lock has no hashes; {fix}")
+    for field, wanted in (("python", python), ("platform", platform)):
+        found = chosen.header.get(field, "unknown")
+        if found != wanted:
+            raise BuilderError(f"{path}: made for {field} {found}, the target's is {wanted}; {fix}")
+    stale = unmet(chosen, requirements, target_environment(python, platform))
+    if stale:
+        more = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
+        raise BuilderError(f"{path}: stale lock: {stale[0]}{more}; {fix}")
+    if chosen.header.get("inputs") != inputs_digest([str(r) for r in requirements]):
+        raise BuilderError(
+            f"{path}: stale lock: resolved from other requirements than the wheels' and the "
+            f"target's pins now (one was added, dropped or changed); {fix}"
+        )
+
+
+def header(target: str, python: str, platform: str, index: str, inputs: list[str]) -> str:
     return (
         f"# The runtime lock of target {target}: every package of the image's Python\n"
         f"# environment but builder's own wheels, pinned with its sha256. Made by\n"
         f"# `builder lock --target {target}`; review changes like code, do not edit by hand.\n"
         f"# python: {python}\n# platform: {platform}\n# index: {redact(index)}\n"
-        f"# inputs: {content_key({'requirements': inputs})[:16]}\n"
+        f"# inputs: {inputs_digest(inputs)}\n"
     )
 
 
 def resolve(
-    inputs: str,
+    inputs: list[str],
     *,
     target: str,
     python: str,
@@ -161,40 +215,50 @@ def resolve(
     extra_index_url: str,
     output: Path,
     cache_dir: Path,
+    refused: dict[str, str],
 ) -> Lock:
     """Resolve `inputs` (requirement lines) with uv for the image's Python and platform and
-    write the lock to `output` (atomically: a failed resolution leaves the old file)."""
+    write the lock to `output` (atomically: a failed resolution, or one that pulls in a
+    package of `refused` {name: why}, leaves the old file)."""
     from uv import find_uv_bin
 
     with tempfile.TemporaryDirectory(prefix="builder-lock-") as tmp:
         requested = Path(tmp) / "requirements.in"
-        requested.write_text(inputs)
+        requested.write_text("".join(f"{line}\n" for line in inputs))
         resolved = Path(tmp) / "lock.txt"
         command = [
             find_uv_bin(), "pip", "compile", str(requested), "--output-file", str(resolved),
             "--generate-hashes", "--no-header", "--no-annotate", "--quiet",
             "--python-version", python, "--python-platform", platform,
-            "--index-url", index_url, "--no-config", "--color", "never",
+            "--no-config", "--color", "never",
         ]  # fmt: skip
+        # The index URLs go in the environment: credentials in them stay out of `ps`.
+        environment = {**_uv_environment(cache_dir / "uv"), "UV_INDEX_URL": index_url}
         if extra_index_url:
-            command += ["--extra-index-url", extra_index_url]
+            environment["UV_EXTRA_INDEX_URL"] = extra_index_url
         with progress.task(f"resolve the runtime lock for python {python} on {platform}"):
-            run = subprocess.run(
-                command, capture_output=True, text=True, env=_uv_environment(cache_dir / "uv")
-            )
+            run = subprocess.run(command, capture_output=True, text=True, env=environment)
             if run.returncode:
-                detail = " ".join(line.strip() for line in run.stderr.strip().splitlines()[-6:])
+                lines = run.stderr.strip().splitlines()[-6:]
+                detail = " ".join(_redact_urls(line.strip()) for line in lines)
                 source = redact(index_url)
                 raise BuilderError(f"cannot resolve the runtime lock from {source}: {detail}")
         body = resolved.read_text()
     text = header(target, python, platform, index_url, inputs) + body
     lock = parse(output, text)
+    for name, why in refused.items():
+        refuse_names(lock, {name}, f"which {why} (pulled in by a dependency)")
     atomic_write_text(output, text)
     return lock
 
 
+def _redact_urls(text: str) -> str:
+    return re.sub(r"\bhttps?://\S+", lambda match: redact(match.group(0)), text)
+
+
 def _uv_environment(uv_cache: Path) -> dict[str, str]:
-    """uv sees no user config and no credentials but what the index URL carries."""
+    """uv sees no user config and no credentials but what the index URL carries (and, as
+    pip would, ~/.netrc)."""
     keep = ("PATH", "HOME", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "HTTPS_PROXY", "HTTP_PROXY",
             "NO_PROXY", "https_proxy", "http_proxy", "no_proxy")  # fmt: skip
     return {

@@ -90,8 +90,8 @@ def build_sbom(
     forks: dict[str, ForkResult],
     lock_sha256: str,
 ) -> str:
-    """The SBOM as JSON text, validated. Its serial number is derived from its content, so
-    the same packages give the same document."""
+    """The SBOM as JSON text, validated. Its serial number is derived from the image and
+    its packages: the same image described again keeps its serial number."""
     ours = {canonicalize_name(wheel.dist_name) for wheel in wheels.values()}
     runtime = [
         _runtime_component(item)
@@ -113,6 +113,7 @@ def build_sbom(
         json.dumps(
             [[str(c.bom_ref), c.version, [h.content for h in c.hashes]] for c in components]
             + [[p.name, p.value] for p in metadata_properties]
+            + [[image_name, image_tag]]
         ).encode()
     ).hexdigest()
     image = Component(

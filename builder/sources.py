@@ -268,8 +268,7 @@ def export_tree(repo: pygit2.Repository, commit: str, destination: Path) -> list
                 walk(repo, repo.get(entry.id), path_in_repo + "/", path + "/")
             elif mode == pygit2.enums.FileMode.COMMIT:  # a submodule, checked out at its gitlink
                 target.mkdir()
-                sub = pygit2.Repository(str(Path(repo.workdir) / path_in_repo))
-                walk(sub, sub.get(entry.id).peel(pygit2.Tree), "", path + "/")
+                walk(*_submodule_tree(repo, path_in_repo, str(entry.id)), "", path + "/")
             elif mode == pygit2.enums.FileMode.LINK:
                 target.symlink_to(repo.get(entry.id).data.decode())
                 written.append(path)
@@ -281,3 +280,22 @@ def export_tree(repo: pygit2.Repository, commit: str, destination: Path) -> list
     destination.mkdir(parents=True, exist_ok=True)
     walk(repo, repo.get(commit).peel(pygit2.Tree), "", "")
     return written
+
+
+def _submodule_tree(
+    repo: pygit2.Repository, path: str, commit: str
+) -> tuple[pygit2.Repository, pygit2.Tree]:
+    """The checked-out submodule at `path` and its gitlink's tree; one line when it is not
+    there (a gitlink .gitmodules does not list, or a commit never fetched)."""
+    folder = Path(repo.workdir) / path
+    try:
+        sub = pygit2.Repository(str(folder), pygit2.enums.RepositoryOpenFlag.NO_SEARCH)
+    except pygit2.GitError:
+        sub = None
+    found = sub.get(commit) if sub is not None else None
+    if found is None:
+        raise BuilderError(
+            f"{repo.workdir}: submodule {path} at {commit[:12]} is not checked out (is it "
+            "listed in .gitmodules, and its commit fetched?)"
+        )
+    return sub, found.peel(pygit2.Tree)

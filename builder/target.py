@@ -194,7 +194,11 @@ def load_fork(data_dir: Path, name: str) -> Fork:
             clean=build.strings("clean", []),
             must_contain=build.strings("must_contain", []),
             write_files=_write_files(build),
-            file_list=build.get("file_list", str, ""),
+            file_list=(
+                _relative_path(build, "file_list", build.get("file_list", str))
+                if "file_list" in build.table
+                else ""
+            ),
         ),
         directory=path.parent,
     )
@@ -204,16 +208,30 @@ _GENERATOR_RE = re.compile(r"^[\w.]+:\w+(\(.*\))?$")
 _SETTING_RE = re.compile(r"^\w+=.+$")
 
 
+def _platform(image: _Reader) -> str:
+    platform = image.get("platform", str, "x86_64-manylinux_2_28")
+    if not re.fullmatch(r"(x86_64|aarch64)-manylinux(_\d+_\d+|2014)", platform):
+        raise image.fail("platform", f"is '{platform}', expected e.g. x86_64-manylinux_2_39")
+    return platform
+
+
 def _write_files(build: _Reader) -> dict[str, str]:
     table = build.get("write_files", dict, {})
     for path, text in table.items():
         if not isinstance(text, str):
             raise build.fail(f"write_files.{path}", "must be a string")
+        _relative_path(build, f"write_files.{path}", path)
         try:
             text.format(version="", commit="")
-        except (KeyError, IndexError, ValueError) as exc:
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
             raise build.fail(f"write_files.{path}", f"has an unknown placeholder ({exc})") from None
     return dict(table)
+
+
+def _relative_path(reader: _Reader, key: str, path: str) -> str:
+    if not path or Path(path).is_absolute() or ".." in Path(path).parts:
+        raise reader.fail(key, f"is '{path}': a path inside the project folder, without '..'")
+    return path
 
 
 def _jit_module(jit: _Reader, entry: Any) -> JitModule:
@@ -336,7 +354,7 @@ def load_target(data_dir: Path, name: str) -> Target:
             requirements=image.strings("requirements", []),
             exclude_requirements=image.strings("exclude_requirements", []),
             python=python,
-            platform=image.get("platform", str, "x86_64-manylinux_2_28"),
+            platform=_platform(image),
             lock=path.parent / image.get("lock", str, "runtime-lock.txt"),
         ),
         upstreams=upstreams,

@@ -96,3 +96,17 @@ def server_url(what: str, value: str) -> str:
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise BuilderError(f"{what} '{value}': give the server root, e.g. http://HOST:PORT")
     return value.rstrip("/")
+
+
+def python_version(setting: str, value: str) -> None:
+    if not re.fullmatch(r"3\.\d+", value):
+        raise BuilderError(f"{setting} {value!r}: expected the image's Python as X.Y, e.g. 3.12")
+
+
+def python_platform(setting: str, value: str) -> None:
+    """uv's --python-platform for a Linux image: ARCH-manylinux_X_Y (or manylinux2014)."""
+    if not re.fullmatch(r"(x86_64|aarch64)-manylinux(_\d+_\d+|2014)", value):
+        raise BuilderError(
+            f"{setting} {value!r}: expected ARCH-manylinux_X_Y for the image's glibc, "
+            "e.g. x86_64-manylinux_2_39 (Ubuntu 24.04) or x86_64-manylinux_2_28"
+        )

@@ -75,7 +75,7 @@ def _cache_inputs(
 ) -> dict:
     backend = {pkg: importlib.metadata.version(pkg) for pkg in BACKEND_PACKAGES}
     return {
-        "builder": code_key("wheels"),
+        "builder": code_key("wheels", "sources"),
         "fork_commit": result.fork_commit,
         "fork_tree": str(repo.get(result.fork_commit).tree.id),
         "submodules": {s.path: s.commit for s in result.checkout.submodules},
@@ -230,18 +230,23 @@ def _export_source(
 ) -> Path:
     """The fork commit as plain files, plus what the backend would otherwise ask git for;
     the project folder to build."""
-    paths = export_tree(repo, commit, root)
+    exported = export_tree(repo, commit, root)
     for relative in fork.wheel.clean:
         remove_tree(root / relative)
     project = root / fork.wheel.project_dir
-    for relative, text in fork.wheel.write_files.items():
-        (project / relative).parent.mkdir(parents=True, exist_ok=True)
-        (project / relative).write_text(text.format(version=version, commit=commit))
+    written = {
+        relative: text.format(version=version, commit=commit)
+        for relative, text in fork.wheel.write_files.items()
+    }
+    prefix = f"{fork.wheel.project_dir.strip('/')}/" if fork.wheel.project_dir else ""
     if fork.wheel.file_list:
-        prefix = f"{fork.wheel.project_dir.strip('/')}/" if fork.wheel.project_dir else ""
-        listed = sorted(path.removeprefix(prefix) for path in paths if path.startswith(prefix))
-        (project / fork.wheel.file_list).parent.mkdir(parents=True, exist_ok=True)
-        (project / fork.wheel.file_list).write_text("".join(f"{path}\n" for path in listed))
+        present = {path.removeprefix(prefix) for path in exported if path.startswith(prefix)}
+        present = {path for path in present if (project / path).is_file()} | written.keys()
+        written[fork.wheel.file_list] = "".join(f"{path}\n" for path in sorted(present))
+    for relative, text in written.items():
+        (project / relative).parent.mkdir(parents=True, exist_ok=True)
+        (project / relative).write_text(text)
+        (project / relative).chmod(0o644)  # the wheel records modes: not this host's umask
     return project
 
 

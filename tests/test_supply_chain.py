@@ -125,7 +125,7 @@ def test_flashinfer_jit_cache_is_refused_from_a_users_file(built_image, tmp_path
     result = builder.run("image", "--runtime-requirements", str(requirements), check=False)
     assert result.returncode == 1
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert line.startswith(f"error: {requirements}: lists flashinfer-jit-cache")
+    assert line.startswith(f"error: {requirements}:2: lists flashinfer-jit-cache")
     assert "build wheel" not in result.stderr  # refused before any work
 
 

@@ -7,8 +7,6 @@ import dataclasses
 import os
 from pathlib import Path
 
-from packaging.requirements import Requirement
-
 from builder import (
     docker_client,
     image,
@@ -244,27 +242,46 @@ def cmd_lock(args: argparse.Namespace) -> None:
     output = Path(args.output).resolve() if args.output else target.image.lock
     python = args.python_version or target.image.python
     platform = args.python_platform or target.image.platform
+    validate.python_version("--python-version", python)
+    validate.python_platform("--python-platform", platform)
     if args.runtime_requirements:
         source = Path(args.runtime_requirements)
         if not source.is_file():
             raise BuilderError(f"--runtime-requirements {source}: no such file")
-        lock.refuse_excluded(lock.parse(source), target.image.exclude_requirements)
-        requirements = [line for _, line in lock.requirement_lines(source.read_text())]
+        listed = lock.parse(source)
+        lock.refuse_excluded(listed, target.image.exclude_requirements)
+        requirements = [
+            lock.requirement_of(source, number, line)
+            for number, line in lock.requirement_lines(listed.text)
+            if not line.startswith("-")
+        ]
+        ours: set[str] = set()
     else:
         _, wheels = _forks_and_wheels(args, ctx)
-        requirements = [str(r) for r in image.runtime_inputs(target, wheels)]
+        requirements = image.runtime_inputs(target, wheels)
+        ours = {wheel.dist_name for wheel in wheels.values()}
     if args.check:
-        _check_lock(output, requirements, lock.target_environment(python, platform))
+        if not output.is_file():
+            raise BuilderError(f"{output}: no such lock (run `builder lock` without --check)")
+        lock.refuse_stale(
+            lock.parse(output), target=target.name, python=python, platform=platform,
+            requirements=requirements,
+        )  # fmt: skip
         emit(args, {"lock": str(output), "stale": False}, [f"{output}: up to date"])
         return
-    before = lock.parse(output).packages if output.is_file() else {}
-    index_url = args.pip_index_url or target.image.pip_index_url
+    try:
+        before = lock.parse(output).packages if output.is_file() else {}
+    except BuilderError as exc:
+        progress.warn(f"the current lock does not parse ({exc}): replaced")
+        before = {}
+    refused = {name: "builder builds itself" for name in ours}
+    refused.update({name: "the target excludes" for name in target.image.exclude_requirements})
     resolved = lock.resolve(
-        "".join(f"{line}\n" for line in requirements),
+        [str(r) for r in requirements],
         target=target.name,
         python=python,
         platform=platform,
-        index_url=index_url,
+        index_url=args.pip_index_url or target.image.pip_index_url,
         extra_index_url=(
             target.image.pip_extra_index_url
             if args.pip_extra_index_url is None
@@ -272,6 +289,7 @@ def cmd_lock(args: argparse.Namespace) -> None:
         ),
         output=output,
         cache_dir=ctx.cache_dir,
+        refused=refused,
     )
     after = resolved.packages
     changes = {
@@ -286,15 +304,6 @@ def cmd_lock(args: argparse.Namespace) -> None:
     lines = [f"{output}: {len(after)} packages for python {python} on {platform}"]
     lines += [f"  {kind} {item}" for kind, items in changes.items() for item in items]
     emit(args, {"lock": str(output), "packages": len(after), **changes}, lines)
-
-
-def _check_lock(output: Path, requirements: list[str], environment: dict[str, str]) -> None:
-    if not output.is_file():
-        raise BuilderError(f"{output}: no such lock (run `builder lock` without --check)")
-    stale = lock.unmet(lock.parse(output), [Requirement(r) for r in requirements], environment)
-    if stale:
-        more = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
-        raise BuilderError(f"{output}: stale lock: {stale[0]}{more}; run `builder lock`")
 
 
 def _latest_kernel_wheel(wheelhouse: Path, flashinfer: BuiltWheel | None) -> BuiltWheel | None:
