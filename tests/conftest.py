@@ -206,7 +206,11 @@ def built_image(tmp_path_factory, github: Upstreams, docker_host, test_base, run
 def pip_freeze(client, reference: str) -> list[str]:
     """`pip freeze --all` in the image: its Python environment, one line per distribution."""
     output = client.containers.run(
-        reference, ["-m", "pip", "freeze", "--all"], entrypoint=["python"], remove=True
+        reference,
+        ["-m", "pip", "freeze", "--all"],
+        entrypoint=["python"],
+        remove=True,
+        network_mode="none",  # no bridge needed (a second engine on this host may drop docker0)
     )
     return sorted(output.decode().splitlines())
 
@@ -216,6 +220,10 @@ def installed_versions(client, reference: str) -> dict[str, str]:
     from packaging.utils import canonicalize_name
 
     output = client.containers.run(
-        reference, ["-m", "pip", "list", "--format=json"], entrypoint=["python"], remove=True
+        reference,
+        ["-m", "pip", "list", "--format=json"],
+        entrypoint=["python"],
+        remove=True,
+        network_mode="none",
     )
     return {canonicalize_name(d["name"]): d["version"] for d in json.loads(output)}

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Upstreams, builder_in
 from tests.services import CUDA_TOOLKIT, requirement_lines
-from tests.test_image import image_args
 
 pytestmark = pytest.mark.docker
 
@@ -26,12 +24,9 @@ def gen_broken_module():
 
 
 @pytest.fixture(scope="module")
-def image(tmp_path_factory, github: Upstreams, docker_host, test_base, runtime_index) -> str:
-    root = tmp_path_factory.mktemp("warmup")
-    builder = builder_in(root, github, docker_host)
-    return json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)["image"][
-        "reference"
-    ]
+def image(built_image) -> str:
+    """The session's test image (norm and fp4_quantization_120 pre-compiled)."""
+    return built_image[1]["reference"]
 
 
 def _warmup(docker_client, image: str, modules: list[str], tmp_path: Path) -> tuple[int, str]:
