@@ -120,12 +120,12 @@ def parse(path: Path, text: str | None = None) -> Lock:
     return lock
 
 
-def refuse_names(lock: Lock, names: set[str], why: str) -> None:
+def refuse_names(lock: Lock, names: set[str], why: str, fix: str = "remove it") -> None:
     """One line naming the file, the line and the package that must not be in it."""
     for name in sorted(names):
         found = lock.packages.get(canonicalize_name(name))
         if found is not None:
-            raise BuilderError(f"{lock.path}:{found.line}: lists {found.name}, {why}; remove it")
+            raise BuilderError(f"{lock.path}:{found.line}: lists {found.name}, {why}; {fix}")
 
 
 def refuse_excluded(lock: Lock, excluded: tuple[str, ...]) -> None:
@@ -247,7 +247,10 @@ def resolve(
     text = header(target, python, platform, index_url, inputs) + body
     lock = parse(output, text)
     for name, why in refused.items():
-        refuse_names(lock, {name}, f"which {why} (pulled in by a dependency)")
+        refuse_names(
+            lock, {name}, f"which {why}, pulled in by a dependency",
+            "lock not written: pin or exclude that dependency's source of it",
+        )  # fmt: skip
     atomic_write_text(output, text)
     return lock
 

@@ -18,6 +18,7 @@ from docker.errors import APIError, ImageNotFound, NotFound
 
 from builder import launch, progress, registry
 from builder.errors import BuilderError
+from builder.identity import builder_identity
 from builder.patches import ForkResult
 from builder.target import Target
 from builder.wheels import BuiltWheel, patched_lines
@@ -66,6 +67,7 @@ def build_recipe(
         },
         "jit_modules": list(jit_modules),
         "profiles": {"default": default, "profiles": profiles},
+        "builder": builder_identity(),  # which builder made this image
     }
 
 

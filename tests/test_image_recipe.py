@@ -56,6 +56,7 @@ def test_the_recipe_in_the_image_agrees_with_the_manifest(built_image, docker_cl
         for field in ("filename", "version", "sha256", "dist_name"):
             assert wheel[field] == manifest["wheels"][name][field]
     assert recipe["jit_modules"] == manifest["image_options"]["jit_modules"]
+    assert recipe["builder"] == manifest["builder"]  # built in this run: the same builder
     assert set(recipe["profiles"]["profiles"]) == set(manifest["launch"])
     assert recipe["patched_lines"]["flashinfer"], "the patched lines travel with the image"
 
