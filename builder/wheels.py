@@ -301,6 +301,8 @@ def build_wheel(
                 f"[green]✓[/] {fork.name}: wheel {record['filename']} unchanged (cache hit)"
             )
     if not cached:
+        for leftover in cache_dir.glob(".source-*"):  # a killed build's (the cache is locked)
+            remove_tree(leftover)
         with (
             staging_dir(entry) as staging,
             tempfile.TemporaryDirectory(prefix=".source-", dir=cache_dir) as exported,

@@ -164,10 +164,13 @@ def test_kill_during_wheel_build_leaves_nothing_half_done(builder: Builder) -> N
     assert not list(builder.wheelhouse.glob("*.whl"))
     assert not list((builder.cache_dir / "wheels").glob("*/wheel.json"))
 
+    assert list(builder.cache_dir.glob(".source-*")), "the killed build's export is left"
+
     result = json.loads(builder.run("wheels", "--json").stdout)
     assert {p.name for p in builder.wheelhouse.iterdir()} == {
         Path(u["wheel"]["path"]).name for u in result["upstreams"].values()
     }
+    assert not list(builder.cache_dir.glob(".source-*")), "and the next build clears it"
 
 
 def test_two_builds_at_once_share_the_cache_safely(builder: Builder) -> None:
