@@ -560,6 +560,7 @@ def register(sub) -> None:
         "examples:\n"
         "  builder lock --target sm120            # re-resolve, then git diff the lock\n"
         "  builder lock --target sm120 --check    # exit 1 when the lock is stale (for CI)",
+        uses=(PROJECT, FETCH),  # every upstream: a lock for part of the image is no lock
     )
     lock_cmd.add_argument(
         "--check", action="store_true", help="only check the lock against the wheels; write nothing"
