@@ -30,11 +30,11 @@ def code_key(*modules: str) -> str:
 @functools.cache
 def builder_identity() -> dict:
     """version, commit (None outside a git checkout) and whether tracked files differ."""
+    unknown = {"version": __version__, "commit": None, "dirty": None}
     found = pygit2.discover_repository(str(PACKAGE))
     if found is None:
-        return {"version": __version__, "commit": None, "dirty": None}
+        return unknown
     repo = pygit2.Repository(found)
-    unknown = {"version": __version__, "commit": None, "dirty": None}
     if repo.head_is_unborn or repo.workdir is None:
         return unknown
     package = PACKAGE.relative_to(Path(repo.workdir).resolve()).as_posix() + "/"
