@@ -8,7 +8,6 @@ only checks keys, and `--plan` can say which stage would rebuild and why.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import re
@@ -79,7 +78,7 @@ class ImagePlan:
     stage_keys: dict[str, str]
     buildargs: dict[str, str]
     labels: dict[str, str]
-    requirements: str
+    runtime_lock: Lock  # what the runtime stage installs (requirements-runtime.txt)
     rebuild: dict[str, str]  # stage -> why it rebuilds ("" = cached)
     exists: bool
     base_id: str
@@ -246,13 +245,12 @@ def plan(
     """Every input hashed: the tag, the per-stage keys and what would rebuild."""
     base_id, base_digest = _base_identity(client, options.base_image)
     runtime_lock = _runtime_lock(target, wheels, options)
-    requirements = runtime_lock.text
     recipe = {p.name: sha256_file(p) for p in recipe_files(target)}
     runtime_key = content_key(
         {
             "base_id": base_id,
             "recipe": recipe,
-            "requirements": requirements,
+            "requirements": runtime_lock.text,
             "pip": [options.pip_index_url, options.pip_extra_index_url],
         }
     )
@@ -327,7 +325,7 @@ def plan(
         stage_keys=stage_keys,
         buildargs=buildargs,
         labels=labels,
-        requirements=requirements,
+        runtime_lock=runtime_lock,
         rebuild=rebuild,
         exists=exists,
         base_id=base_id,
@@ -392,7 +390,7 @@ def recipe_files(target: Target) -> list[Path]:
 def _make_context(
     target: Target, wheels: dict[str, BuiltWheel], image_plan: ImagePlan, directory: Path
 ) -> None:
-    requirements = image_plan.requirements
+    requirements = image_plan.runtime_lock.text
     for item in recipe_files(target):
         shutil.copy2(item, directory / item.name)
     if target.image.dockerfile.name != "Dockerfile":
@@ -546,9 +544,8 @@ def _runtime_sbom(
     report = json.loads(
         read_file_from_image(client, image_plan.kernel_builder, sbom.REPORT_IN_IMAGE)
     )
-    lock_sha256 = hashlib.sha256(image_plan.requirements.encode()).hexdigest()
     return sbom.build_sbom(
-        image_plan.repository, image_plan.tag, report, wheels, forks, lock_sha256
+        image_plan.repository, image_plan.tag, report, wheels, forks, image_plan.runtime_lock.sha256
     )
 
 
@@ -603,7 +600,6 @@ def build_image(
             client, target, wheels, options, image_plan, context, cache_dir
         )
         skipped = image_plan.exists and _same_kernels(client, image_plan, kernels_wheel)
-        everything = {**wheels, "kernels": kernels_wheel}
         if skipped:
             sbom_text = read_file_from_image(
                 client, image_plan.reference, sbom.PATH_IN_IMAGE
@@ -616,6 +612,7 @@ def build_image(
             kernels_folder = context / "wheels" / "kernels"
             kernels_folder.mkdir(parents=True)
             shutil.copy2(kernels_wheel.path, kernels_folder / kernels_wheel.filename)
+            everything = {**wheels, "kernels": kernels_wheel}
             recipe.write(
                 recipe.build_recipe(target, forks, everything, options.jit_modules), context
             )
@@ -645,18 +642,9 @@ def build_image(
         base_image_digest=image_plan.base_digest,
         kernel_wheel=kernels_wheel,
         kernel_build=kernels_record,
-        runtime_lock=_lock_record(target, options, image_plan.requirements),
+        runtime_lock=image_plan.runtime_lock.record(),
         sbom=sbom_text,
     )
-
-
-def _lock_record(target: Target, options: ImageOptions, requirements: str) -> dict:
-    path = options.runtime_requirements or target.image.lock
-    return {
-        "file": str(path),
-        "sha256": hashlib.sha256(requirements.encode()).hexdigest(),
-        "hashed": lock.parse(path, requirements).hashed,
-    }
 
 
 def _now() -> str:

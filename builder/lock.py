@@ -8,6 +8,7 @@ one lock, one set of packages, whatever the index offers on the day of the build
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -50,6 +51,14 @@ class Lock:
     @property
     def hashed(self) -> bool:
         return any(package.pinned_by_hash for package in self.packages.values())
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+    def record(self) -> dict:
+        """What the manifest says the runtime stage installed from."""
+        return {"file": str(self.path), "sha256": self.sha256, "hashed": self.hashed}
 
 
 def requirement_lines(text: str) -> list[tuple[int, str]]:
