@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import pygit2
 from pygit2.enums import CheckoutStrategy, ObjectType
 
-from builder import progress
+from builder import progress, release
 from builder.cache import remove_tree, staging_dir
 from builder.errors import BuilderError
 from builder.settings import Mirrors
@@ -241,10 +241,24 @@ def workdir_path(cache_dir: Path, target: str, name: str) -> Path:
     return cache_dir / "work" / target / name
 
 
+def ensure_release(cache_dir: Path, fork: Fork, mirrors: Mirrors, what: str) -> Path:
+    """The mirror holding the commit a release-sourced pin's wheel makes (imported once)."""
+    assert fork.release is not None
+    path = _mirror_path(cache_dir, f"{fork.url}#{fork.release.filename}")
+    repo = _open_or_create_mirror(path)
+    if not _has_commit(repo, fork.commit):
+        wheel = release.download(cache_dir, fork, mirrors, what)
+        release.release_commit(repo, fork, wheel, what)
+    return path
+
+
 def fetch_and_checkout(cache_dir: Path, target: str, fork: Fork, mirrors: Mirrors) -> Checkout:
     """The upstream at its pinned commit in the target's work directory, submodules included."""
     what = str(fork.directory / "pin.toml")
-    mirror = ensure_commit(cache_dir, fork.url, fork.commit, mirrors, what, ref=fork.ref)
+    if fork.release:
+        mirror = ensure_release(cache_dir, fork, mirrors, what)
+    else:
+        mirror = ensure_commit(cache_dir, fork.url, fork.commit, mirrors, what, ref=fork.ref)
     path = workdir_path(cache_dir, target, fork.name)
     repo = open_workdir(path, mirror)
     checkout_commit(repo, fork.commit)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from builder.cuda import MIN_CUDA_FOR_ARCH, arch_base
@@ -43,6 +44,17 @@ class WheelBuild:
 
 
 @dataclass(frozen=True)
+class ReleaseSource:
+    """A released wheel as the upstream source (`source = "release"` in pin.toml): the
+    fork's `url` is the package index, `ref` this file's name, `commit` the commit its
+    files make (builder/release.py)."""
+
+    filename: str
+    sha256: str
+    python_tag: str  # e.g. cp312: the image's Python must match
+
+
+@dataclass(frozen=True)
 class Fork:
     """One upstream: where it comes from, which commit, which patch series, how to build."""
 
@@ -54,6 +66,7 @@ class Fork:
     reason: str
     wheel: WheelBuild
     directory: Path
+    release: ReleaseSource | None = None
 
     def series_dir(self, series: str) -> Path:
         return self.directory / "patches" / series
@@ -176,7 +189,11 @@ def load_fork(data_dir: Path, name: str) -> Fork:
     except InvalidVersion:
         raise reader.fail("version", f"'{version}' is not a PEP 440 version") from None
     build = reader.sub("build")
-    env_value = build.get("version_env_value", str)
+    source = reader.get("source", str, "git")
+    if source not in ("git", "release"):
+        raise reader.fail("source", f"is '{source}', expected 'git' or 'release'")
+    release = _release(reader, build, version) if source == "release" else None
+    env_value = build.get("version_env_value", str, "{version}" if release else ...)
     if env_value not in ("{version}", "{local}"):
         raise build.fail("version_env_value", "must be '{version}' or '{local}'")
     return Fork(
@@ -186,10 +203,11 @@ def load_fork(data_dir: Path, name: str) -> Fork:
         commit=commit,
         version=version,
         reason=reader.get("reason", str, ""),
+        release=release,
         wheel=WheelBuild(
             dist_name=build.get("dist_name", str),
             project_dir=build.get("project_dir", str, ""),
-            version_env=build.get("version_env", str),
+            version_env=build.get("version_env", str, "" if release else ...),
             version_env_value=env_value,
             clean=build.strings("clean", []),
             must_contain=build.strings("must_contain", []),
@@ -202,6 +220,25 @@ def load_fork(data_dir: Path, name: str) -> Fork:
         ),
         directory=path.parent,
     )
+
+
+def _release(reader: _Reader, build: _Reader, version: str) -> ReleaseSource:
+    filename = reader.get("ref", str)
+    try:
+        dist, wheel_version, _, tags = parse_wheel_filename(filename)
+    except InvalidWheelFilename:
+        raise reader.fail("ref", f"'{filename}' is not a wheel file name") from None
+    if canonicalize_name(dist) != canonicalize_name(build.get("dist_name", str)):
+        raise reader.fail("ref", f"'{filename}' is not a build.dist_name wheel")
+    if str(wheel_version) != version:
+        raise reader.fail("ref", f"'{filename}' is version {wheel_version}, not {version}")
+    sha256 = reader.get("sha256", str)
+    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise reader.fail("sha256", "must be the file's 64-character lowercase sha256")
+    python_tags = {tag.interpreter for tag in tags}
+    if len(python_tags) != 1:
+        raise reader.fail("ref", f"'{filename}' must be for one Python (one file per Python)")
+    return ReleaseSource(filename, sha256, python_tags.pop())
 
 
 _GENERATOR_RE = re.compile(r"^[\w.]+:\w+(\(.*\))?$")
@@ -329,12 +366,20 @@ def load_target(data_dir: Path, name: str) -> Target:
         upstreams[upstream_name].fork.patch_files(upstreams[upstream_name].series)
 
     image = reader.sub("image")
-    dockerfile = (path.parent / image.get("dockerfile", str, "Dockerfile")).resolve()
-    if not dockerfile.is_file():
-        raise image.fail("dockerfile", f"points at {dockerfile}, which does not exist")
     python = image.get("python", str, "3.12")
     if not re.fullmatch(r"3\.\d+", python):
         raise image.fail("python", f"is '{python}', expected the image's Python as X.Y (3.12)")
+    for use in upstreams.values():
+        release = use.fork.release
+        if release and release.python_tag not in (f"cp{python.replace('.', '')}", "py3"):
+            raise BuilderError(
+                f"{use.fork.directory / 'pin.toml'}: field 'ref' names {release.filename}, "
+                f"a {release.python_tag} wheel, but the image runs Python {python} ({path})"
+            )
+
+    dockerfile = (path.parent / image.get("dockerfile", str, "Dockerfile")).resolve()
+    if not dockerfile.is_file():
+        raise image.fail("dockerfile", f"points at {dockerfile}, which does not exist")
     jit = reader.sub("jit", {})
     modules = tuple(_jit_module(jit, entry) for entry in jit.get("modules", list, []))
     job_memory = jit.get("job_memory_gb", (int, float), 6)

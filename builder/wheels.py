@@ -31,6 +31,7 @@ from builder.cache import atomic_copy, content_key, remove_tree, sha256_file, st
 from builder.errors import BuilderError
 from builder.identity import code_key
 from builder.patches import ForkResult, PatchFile
+from builder.repack import repack
 from builder.sources import export_tree
 from builder.target import Fork
 
@@ -61,13 +62,12 @@ def wheel_version(fork: Fork, label: str, fork_commit: str) -> str:
 
 
 def _build_env(fork: Fork, version: str, source_date_epoch: int) -> dict[str, str]:
-    local = version.split("+", 1)[1]
-    value = fork.wheel.version_env_value.format(version=version, local=local)
-    return {
-        fork.wheel.version_env: value,
-        "SOURCE_DATE_EPOCH": str(source_date_epoch),
-        "PYTHONHASHSEED": "0",
-    }
+    env = {"SOURCE_DATE_EPOCH": str(source_date_epoch), "PYTHONHASHSEED": "0"}
+    if fork.wheel.version_env:
+        local = version.split("+", 1)[1]
+        value = fork.wheel.version_env_value.format(version=version, local=local)
+        env[fork.wheel.version_env] = value
+    return env
 
 
 def _cache_inputs(
@@ -75,7 +75,7 @@ def _cache_inputs(
 ) -> dict:
     backend = {pkg: importlib.metadata.version(pkg) for pkg in BACKEND_PACKAGES}
     return {
-        "builder": code_key("wheels", "sources"),
+        "builder": code_key("wheels", "sources", "repack"),
         "fork_commit": result.fork_commit,
         "fork_tree": str(repo.get(result.fork_commit).tree.id),
         "submodules": {s.path: s.commit for s in result.checkout.submodules},
@@ -307,14 +307,18 @@ def build_wheel(
             staging_dir(entry) as staging,
             tempfile.TemporaryDirectory(prefix=".source-", dir=cache_dir) as exported,
         ):
-            with progress.task(f"build wheel {fork.wheel.dist_name} {version}"):
-                source = _export_source(
-                    repo, fork, result.fork_commit, version, Path(exported) / fork.name
-                )
-                log_path = cache_dir / "logs" / f"{fork.name}-wheel.log"
-                # No repository above the export either (git looks upward for one).
-                backend_env = {**env, "GIT_CEILING_DIRECTORIES": exported}
-                built = _run_build(source, fork, backend_env, staging, log_path)
+            if fork.release:
+                with progress.task(f"repack wheel {fork.wheel.dist_name} {version}"):
+                    built = repack(repo, result.fork_commit, fork, version, staging)
+            else:
+                with progress.task(f"build wheel {fork.wheel.dist_name} {version}"):
+                    source = _export_source(
+                        repo, fork, result.fork_commit, version, Path(exported) / fork.name
+                    )
+                    log_path = cache_dir / "logs" / f"{fork.name}-wheel.log"
+                    # No repository above the export either (git looks upward for one).
+                    backend_env = {**env, "GIT_CEILING_DIRECTORIES": exported}
+                    built = _run_build(source, fork, backend_env, staging, log_path)
             verify_wheel(built, fork, version, result.patches)
             record = {"filename": built.name, "sha256": sha256_file(built), "key": key}
             (staging / "wheel.json").write_text(json.dumps(record, indent=2))

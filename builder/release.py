@@ -1,0 +1,143 @@
+"""Stage 1 for a release-sourced upstream: a published wheel, turned into a commit.
+
+Some upstreams publish no sdist and build their wheels with toolchains a build host should
+not need (sglang after 0.5.10 bundles PyO3 Rust extensions). For those, pin.toml names the
+released wheel (index, filename, sha256). builder downloads it from the index (rewritten by
+`--mirror`), checks the sha256, and writes its files as one commit with pygit2: fixed
+author, committer and message, the time of the newest file in the archive. The commit SHA
+is therefore a function of the wheel's bytes, recorded in pin.toml and checked like a git
+pin; the patch series applies on it as on any upstream commit.
+"""
+
+from __future__ import annotations
+
+import calendar
+import hashlib
+import html.parser
+import os
+import urllib.error
+import urllib.request
+import zipfile
+from pathlib import Path
+from urllib.parse import urljoin, urlsplit
+
+import pygit2
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from builder import progress
+from builder.cache import sha256_file
+from builder.errors import BuilderError
+from builder.settings import Mirrors
+from builder.target import Fork
+from builder.urls import redact
+
+IMPORTER = pygit2.Signature("builder release import", "builder@localhost", 0, 0)
+_TIMEOUT_S = 60
+
+
+class _Links(html.parser.HTMLParser):
+    """The anchors of a PEP 503 project page: {filename: href}."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: dict[str, str] = {}
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        href = dict(attrs).get("href")
+        if tag == "a" and href:
+            filename = os.path.basename(urlsplit(href).path)
+            self.links.setdefault(filename, href)
+
+
+def _open(url: str, what: str):
+    try:
+        return urllib.request.urlopen(url, timeout=_TIMEOUT_S)  # noqa: S310 (http, https, file)
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise BuilderError(
+            f"{what}: cannot read {redact(url)} ({reason}); point it at a mirror with "
+            "--mirror FROM=TO or BUILDER_MIRRORS"
+        ) from None
+
+
+def _file_url(index: str, dist: str, filename: str, what: str) -> str:
+    page = f"{index.rstrip('/')}/{canonicalize_name(dist)}/"
+    with _open(page, what) as response:
+        parser = _Links()
+        parser.feed(response.read().decode("utf-8", errors="replace"))
+    href = parser.links.get(filename)
+    if href is None:
+        raise BuilderError(f"{what}: {redact(page)} does not offer {filename}")
+    return urljoin(page, href).split("#", 1)[0]
+
+
+def download(cache_dir: Path, fork: Fork, mirrors: Mirrors, what: str) -> Path:
+    """The pinned release file in `<cache>/releases/`, fetched once and sha256-checked."""
+    release = fork.release
+    assert release is not None
+    path = cache_dir / "releases" / release.filename
+    if path.is_file() and sha256_file(path) == release.sha256:
+        return path
+    index = mirrors.rewrite(fork.url)
+    url = mirrors.rewrite(_file_url(index, fork.wheel.dist_name, release.filename, what))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    digest = hashlib.sha256()
+    with progress.task(f"download {release.filename}") as bar, _open(url, what) as response:
+        total = int(response.headers.get("Content-Length") or 0) or None
+        bar.update(bar.task_ids[0], total=total)
+        with partial.open("wb") as out:
+            for block in iter(lambda: response.read(1 << 20), b""):
+                digest.update(block)
+                out.write(block)
+                bar.advance(bar.task_ids[0], len(block))
+    if digest.hexdigest() != release.sha256:
+        partial.unlink()
+        raise BuilderError(
+            f"{what}: {redact(url)} has sha256 {digest.hexdigest()}, the pin says "
+            f"{release.sha256} (a different file under the pinned name: not used)"
+        )
+    os.replace(partial, path)
+    return path
+
+
+def _member_time(info: zipfile.ZipInfo) -> int:
+    return calendar.timegm((*info.date_time, 0, 0, 0))
+
+
+def import_wheel(repo: pygit2.Repository, wheel: Path, sha256: str) -> str:
+    """The wheel's files as one parentless commit in `repo`; its SHA depends only on the
+    wheel's bytes (content, modes and member times)."""
+    index = pygit2.Index()
+    newest = 0
+    with zipfile.ZipFile(wheel) as archive:
+        for info in archive.infolist():
+            if info.is_dir():
+                continue
+            path = Path(info.filename)
+            if path.is_absolute() or ".." in path.parts:
+                raise BuilderError(f"{wheel.name}: member {info.filename!r} leaves the archive")
+            executable = (info.external_attr >> 16) & 0o111
+            mode = pygit2.enums.FileMode.BLOB_EXECUTABLE if executable else pygit2.enums.FileMode.BLOB
+            blob = repo.create_blob(archive.read(info))
+            index.add(pygit2.IndexEntry(info.filename, blob, mode))
+            newest = max(newest, _member_time(info))
+    tree = index.write_tree(repo)
+    when = pygit2.Signature(IMPORTER.name, IMPORTER.email, newest, 0)
+    name, version, _, _ = parse_wheel_filename(wheel.name)
+    message = f"{name} {version}: the files of {wheel.name}\n\nsha256 {sha256}\n"
+    return str(repo.create_commit(None, when, when, message, tree, []))
+
+
+def release_commit(repo: pygit2.Repository, fork: Fork, wheel: Path, what: str) -> str:
+    """Import the wheel into the mirror `repo` and check the commit against the pin."""
+    release = fork.release
+    assert release is not None
+    commit = import_wheel(repo, wheel, release.sha256)
+    if commit != fork.commit:
+        raise BuilderError(
+            f"{what}: the files of {release.filename} make commit {commit}, the pin says "
+            f"{fork.commit} (set commit = \"{commit}\" if the file is the one you meant)"
+        )
+    repo.references.create(f"refs/releases/{release.filename}", commit, force=True)
+    return commit
