@@ -29,27 +29,30 @@ def _setting(key: str, value: object) -> str:
 
 
 def profile_settings(target: Target) -> dict[str, set[str]]:
-    """Each profile's `key=value` settings, as its readiness check reads them back."""
+    """Each profile's settings: `key=value` as its readiness check reads them back,
+    `env:NAME=value` from its environment, and `always`."""
     profiles, _ = launch.load_profiles(target.file)
     settings = {}
     for name in profiles:
         recipe = launch.resolve(target.file, name, _PLACEHOLDER_IMAGE, launch.Overrides())
         settings[name] = {_setting(k, v) for k, v in recipe.expect.items()}
+        settings[name] |= {f"env:{k}={v}" for k, v in recipe.env.items()} | {"always"}
     return settings
 
 
 def disagreements(target: Target) -> list[str]:
     """Profile settings that load FlashInfer but have no listed module, and listed modules
     that no profile loads. Empty when the list and the profiles agree."""
-    covered = {module.loaded_when for module in target.jit}
+    covered = {setting for module in target.jit for setting in module.settings}
     by_profile = profile_settings(target)
     problems = []
     for profile, settings in by_profile.items():
-        for setting in sorted(s for s in settings if "flashinfer" in s and s not in covered):
+        loads = {s for s in settings if "flashinfer" in s and not s.startswith("env:")}
+        for setting in sorted(loads - covered):
             problems.append(f"profile {profile}: {setting} loads FlashInfer, no module listed")
     used = set().union(*by_profile.values()) if by_profile else set()
     for module in target.jit:
-        if module.loaded_when not in used:
+        if not used & set(module.settings):
             problems.append(f"{module.generator}: no profile has {module.loaded_when}")
     return problems
 

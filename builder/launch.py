@@ -8,6 +8,7 @@ Proxmox GPU VM, its compose file and systemd unit, and the readiness checks.
 
 from __future__ import annotations
 
+import fnmatch
 import ipaddress
 import re
 import shlex
@@ -210,8 +211,15 @@ def resolve(
         params["model"] = model
         volumes.append((overrides.hf_cache, HF_CACHE_IN_CONTAINER, "rw"))
 
+    for volume in profile.get("volumes", []):
+        if not isinstance(volume, dict) or not {"host", "container"} <= volume.keys():
+            raise BuilderError(f"{path}: profile '{name}' volumes need host and container")
+        host = _substitute(volume["host"], params, f"profile '{name}' volumes", path)
+        volumes.append((host, volume["container"], "rw"))
+
     args = [_substitute(a, params, f"profile '{name}' args", path) for a in profile["args"]]
     args += list(overrides.extra_args)
+    _check_refusals(profile.get("refuse", []), args, name, path)
     env = {
         k: _substitute(str(v), params, f"env {k}", path) for k, v in profile.get("env", {}).items()
     }
@@ -241,6 +249,27 @@ def resolve(
         experimental=bool(profile.get("experimental", False)),
         warning=profile.get("warning", ""),
     )
+
+
+def _flag_values(args: list[str], flag: str) -> list[str]:
+    values = [v.split("=", 1)[1] for v in args if v.startswith(f"{flag}=")]
+    values += [args[i + 1] for i, v in enumerate(args[:-1]) if v == flag]
+    return values
+
+
+def _check_refusals(rules: Any, args: list[str], name: str, path: Path | str) -> None:
+    """A profile's `refuse` rules: a flag value (from a param, --set or --extra-arg) that the
+    profile's stack serves wrong is refused in one line saying why."""
+    if not isinstance(rules, list):
+        raise BuilderError(f"{path}: profile '{name}' field 'refuse' must be a list of tables")
+    for rule in rules:
+        if not isinstance(rule, dict) or not {"flag", "values", "why"} <= rule.keys():
+            raise BuilderError(f"{path}: profile '{name}' refuse entries need flag, values, why")
+        for value in _flag_values(args, rule["flag"]):
+            if fnmatch.fnmatchcase(value, rule["values"]):
+                raise BuilderError(
+                    f"profile '{name}': {rule['flag']} {value} refused: {rule['why']}"
+                )
 
 
 def bind_address(value: str) -> str:

@@ -8,6 +8,7 @@ and the field.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -107,8 +108,14 @@ class JitModule:
     """One FlashInfer module pre-compiled for the target, and why the server loads it."""
 
     generator: str  # package.module:gen_function or package.module:gen_function(args)
-    loaded_when: str  # the profile setting (`key=value`, as /server_info reports it)
+    # `key=value` (as /server_info reports it), `env:NAME=value` or `always`; alternatives
+    # joined by " | " (any of them loads it)
+    loaded_when: str
     call_site: str  # where sglang loads it
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        return tuple(part.strip() for part in self.loaded_when.split("|"))
 
 
 @dataclass(frozen=True)
@@ -242,7 +249,9 @@ def _release(reader: _Reader, build: _Reader, version: str) -> ReleaseSource:
 
 
 _GENERATOR_RE = re.compile(r"^[\w.]+:\w+(\(.*\))?$")
-_SETTING_RE = re.compile(r"^\w+=.+$")
+# `key=value` as /server_info reports it, `env:NAME=value` from the profile's environment,
+# or `always` (the model's own code path loads it under every profile).
+_SETTING_RE = re.compile(r"^(always|(env:)?\w+=.+)$")
 
 
 def _platform(image: _Reader) -> str:
@@ -279,8 +288,10 @@ def _jit_module(jit: _Reader, entry: Any) -> JitModule:
     if not _GENERATOR_RE.match(generator):
         raise module.fail("generator", f"'{generator}' is not package.module:gen_function(args)")
     loaded_when = module.get("loaded_when", str)
-    if not _SETTING_RE.match(loaded_when):
-        raise module.fail("loaded_when", f"'{loaded_when}' is not setting=value")
+    if not all(_SETTING_RE.match(part.strip()) for part in loaded_when.split("|")):
+        raise module.fail(
+            "loaded_when", f"'{loaded_when}' is not setting=value, env:NAME=value or always"
+        )
     return JitModule(generator, loaded_when, module.get("call_site", str, ""))
 
 
@@ -360,9 +371,10 @@ def load_target(data_dir: Path, name: str) -> Target:
     for upstream_name in table.table:
         entry = table.sub(upstream_name)
         fork_name = entry.get("fork", str, upstream_name)
-        upstreams[upstream_name] = UpstreamUse(
-            fork=load_fork(data_dir, fork_name), series=entry.get("series", str)
-        )
+        # The fork is known by the upstream's name (work tree, logs, results); its folder
+        # under forks/ may carry a version (forks/sglang-0.5.9) when targets differ in pins.
+        fork = dataclasses.replace(load_fork(data_dir, fork_name), name=upstream_name)
+        upstreams[upstream_name] = UpstreamUse(fork=fork, series=entry.get("series", str))
         upstreams[upstream_name].fork.patch_files(upstreams[upstream_name].series)
 
     image = reader.sub("image")

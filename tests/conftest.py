@@ -22,6 +22,16 @@ from tests import upstreams
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# The integration suite builds the sm120 image family from what PyPI has as source: the
+# sglang 0.5.9 and flashinfer 0.6.3 sdists, i.e. target sm120-0.5.9. Every builder run in
+# it (in-process or not) defaults to that target; tests of the current target (sglang
+# 0.5.23 from its released wheel, flashinfer 0.7.2) name `--target sm120` themselves
+# (tests/test_current_stack.py).
+STACK_TARGET = "sm120-0.5.9"
+os.environ["BUILDER_TARGET"] = STACK_TARGET
+# The fixture upstreams (tests/upstreams.py) are the pins of these fork folders.
+FORK_DIRS = {"sglang": "sglang-0.5.9", "flashinfer": "flashinfer-0.6.3"}
+
 
 @dataclass(frozen=True)
 class Upstreams:
@@ -40,7 +50,8 @@ def github(tmp_path_factory: pytest.TempPathFactory) -> Upstreams:
 
 
 def set_pin(data_dir: Path, fork: str, **fields: str) -> None:
-    pin = data_dir / "forks" / fork / "pin.toml"
+    """Edit the pin of upstream `fork` (its folder in the suite's target) in a data copy."""
+    pin = data_dir / "forks" / FORK_DIRS.get(fork, fork) / "pin.toml"
     text = pin.read_text()
     for key, value in fields.items():
         text, count = re.subn(rf'(?m)^{key} = ".*"$', f'{key} = "{value}"', text)

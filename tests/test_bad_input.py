@@ -8,7 +8,7 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from tests.conftest import Builder, Upstreams, set_pin
+from tests.conftest import FORK_DIRS, Builder, Upstreams, set_pin
 
 
 def _error_line(result: subprocess.CompletedProcess) -> str:
@@ -25,7 +25,7 @@ def test_unknown_target(builder: Builder) -> None:
 
 
 def test_malformed_target_file(builder: Builder) -> None:
-    target = builder.data_dir / "images/sm120/target.toml"
+    target = builder.data_dir / "images/sm120-0.5.9/target.toml"
     target.write_text(target.read_text().replace("[cuda]", "[cuda"))
     line = _error_line(builder.run("sources", check=False))
     assert f"{target}: not valid TOML" in line
@@ -43,7 +43,7 @@ def test_malformed_target_file(builder: Builder) -> None:
 def test_invalid_target_fields_name_the_field(
     builder: Builder, edit: tuple[str, str], expected: str
 ) -> None:
-    target = builder.data_dir / "images/sm120/target.toml"
+    target = builder.data_dir / "images/sm120-0.5.9/target.toml"
     text = target.read_text()
     assert edit[0] in text
     target.write_text(text.replace(edit[0], edit[1], 1))
@@ -57,7 +57,7 @@ def test_pin_to_a_missing_commit(builder: Builder) -> None:
     line = _error_line(builder.run("sources", "--upstream", "sglang", check=False))
     assert "forks/sglang/pin.toml" in line
     assert "refs/tags/v0.5.9" in line and "the pin says 0123456789abcdef" in line
-    assert not (builder.cache_dir / "work" / "sm120" / "sglang").exists()
+    assert not (builder.cache_dir / "work" / "sm120-0.5.9" / "sglang").exists()
 
 
 def test_pin_commit_must_be_a_full_sha(builder: Builder) -> None:
@@ -72,11 +72,11 @@ def test_unknown_upstream(builder: Builder) -> None:
 
 
 def _series(builder: Builder, fork: str) -> list[Path]:
-    return sorted((builder.data_dir / "forks" / fork / "patches/sm120").glob("*.patch"))
+    return sorted((builder.data_dir / "forks" / FORK_DIRS[fork] / "patches/sm120").glob("*.patch"))
 
 
 def _assert_at_upstream(builder: Builder, fork: str, github: Upstreams) -> None:
-    repo = pygit2.Repository(str(builder.cache_dir / "work/sm120" / fork))
+    repo = pygit2.Repository(str(builder.cache_dir / "work/sm120-0.5.9" / fork))
     assert str(repo.head.target) == github.commits[fork]
     assert repo.status(untracked_files="normal") == {}
 
@@ -105,7 +105,7 @@ def test_patch_whose_context_no_longer_matches(builder: Builder, github: Upstrea
     assert "include/flashinfer/comm/trtllm_allreduce.cuh" in line
     assert "hunk 2 of 13" in line
     _assert_at_upstream(builder, "flashinfer", github)
-    repo = pygit2.Repository(str(builder.cache_dir / "work/sm120/flashinfer"))
+    repo = pygit2.Repository(str(builder.cache_dir / "work/sm120-0.5.9/flashinfer"))
     assert "refs/heads/builder/sm120" not in list(repo.references)
 
 
@@ -245,7 +245,7 @@ def test_patch_that_breaks_python_syntax_never_reaches_the_wheelhouse(builder: B
         ),
         (["doctor", "--image", "a@sha256:1"], "--image a@sha256:1: not an image reference"),
         (["patches", "check"], "the following arguments are required: --onto"),
-        (["wheels", "--upstream", "nope"], "--upstream nope: target 'sm120' has no such upstream"),
+        (["wheels", "--upstream", "nope"], "--upstream nope: target 'sm120-0.5.9' has no such upstream"),
         (["image", "--push", "UPPER/Case"], "--push UPPER/Case: not a valid image repository"),
         (["image", "--push", "registry.example/ml/x:v1"], "without a tag or digest"),
         (["image", "--push", "reg.example/x@sha256:00"], "without a tag or digest"),

@@ -12,7 +12,7 @@ import yaml
 from builder import launch
 from tests.conftest import REPO_ROOT
 
-TARGET = REPO_ROOT / "images/sm120/target.toml"
+TARGET = REPO_ROOT / "images/sm120-0.5.9/target.toml"
 IMAGE = "registry.example/ml/sglang-sm120@sha256:" + "a" * 64
 AWKWARD = 'pa$$word "quoted" it\'s — ñandú'  # $, quotes, spaces, non-ASCII
 

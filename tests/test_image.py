@@ -107,7 +107,7 @@ def test_labels_record_provenance(built, docker_client) -> None:
     builder, image, _ = built
     labels = docker_client.images.get(image["reference"]).labels
     forks = json.loads(builder.run("wheels", "--json").stdout)["upstreams"]
-    assert labels["io.builder.target"] == "sm120"
+    assert labels["io.builder.target"] == "sm120-0.5.9"
     assert labels["io.builder.jit.arch"] == "sm_120a"
     assert labels["org.opencontainers.image.revision"] == forks["sglang"]["fork_commit"]
     assert labels["org.opencontainers.image.version"] == forks["sglang"]["wheel"]["version"]
@@ -117,7 +117,7 @@ def test_labels_record_provenance(built, docker_client) -> None:
         assert labels[f"io.builder.{name}.upstream-commit"] == forks[name]["upstream_commit"]
         assert labels[f"io.builder.{name}.wheel-sha256"] == forks[name]["wheel"]["sha256"]
         assert labels[f"io.builder.{name}.patch-series-sha256"] == forks[name]["series_sha256"]
-    assert image["reference"].startswith("sglang-sm120:sglang0.5.9-fi0.6.3-sm120-")
+    assert image["reference"].startswith("sglang-sm120:sglang0.5.9-fi0.6.3-sm120-0.5.9-")
 
 
 def test_unchanged_inputs_build_nothing(built, test_base, runtime_index) -> None:
@@ -131,7 +131,7 @@ def test_sglang_patch_change_rebuilds_only_the_server_stage(
     built, docker_client, test_base, runtime_index
 ) -> None:
     builder, image, _ = built
-    patch = sorted((builder.data_dir / "forks/sglang/patches/sm120").glob("0001-*.patch"))[0]
+    patch = sorted((builder.data_dir / "forks/sglang-0.5.9/patches/sm120").glob("0001-*.patch"))[0]
     original = patch.read_text()
     patch.write_text(original.replace("\n---\n", "\nReviewed-by: tests\n---\n", 1))
     try:
@@ -257,7 +257,7 @@ def test_manifest_records_exactly_what_was_built(built, docker_client) -> None:
     import hashlib
 
     builder, image, first_manifest = built
-    manifests = builder.data_dir / "manifests" / "sm120"
+    manifests = builder.data_dir / "manifests" / "sm120-0.5.9"
     manifest = json.loads(first_manifest.read_text())
     _validate(manifest)
     assert manifest["image"]["image_id"] == docker_client.images.get(image["reference"]).id
@@ -278,7 +278,7 @@ def test_manifest_records_exactly_what_was_built(built, docker_client) -> None:
 
 def test_manifest_history_is_kept(built, test_base, runtime_index) -> None:
     builder, _, _ = built
-    manifests = builder.data_dir / "manifests" / "sm120"
+    manifests = builder.data_dir / "manifests" / "sm120-0.5.9"
     before = {p.name: p.read_bytes() for p in manifests.glob("2*.json")}
     result = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
     after = {p.name: p.read_bytes() for p in manifests.glob("2*.json")}

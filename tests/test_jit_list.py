@@ -19,6 +19,13 @@ from builder.target import available_targets, load_target
 from tests.conftest import REPO_ROOT
 
 
+def _flattened(profiles: dict, name: str) -> dict:
+    """The profile with what it inherits (`extends`)."""
+    profile = dict(profiles[name])
+    parent = profile.pop("extends", None)
+    return {**_flattened(profiles, parent), **profile} if parent else profile
+
+
 def _data_copy(tmp_path: Path) -> Path:
     for folder in ("images", "forks"):
         shutil.copytree(REPO_ROOT / folder, tmp_path / folder)
@@ -39,17 +46,33 @@ def test_profiles_ask_for_what_they_expect(target_name: str) -> None:
     for name in profiles:
         recipe = launch.resolve(target.file, name, "i@sha256:" + "0" * 64, launch.Overrides())
         args = recipe.args
+        chosen_by_sglang = _flattened(profiles, name).get("chosen_by_sglang", [])
         for key, value in recipe.expect.items():
             flag = "--" + key.replace("_", "-")
             if key == "tp_size":
-                flag = "--tp"
+                flag = "--tp" if "--tp" in args else "--tp-size"
+            if key in chosen_by_sglang:
+                assert flag not in args, f"{name}: {key} is left to sglang, yet {flag} is passed"
+                continue
             assert flag in args, f"{name}: expects {key} but does not pass {flag}"
             if not isinstance(value, bool):
                 assert args[args.index(flag) + 1] == str(value), f"{name}: {flag}"
 
 
-def test_sm120_lists_the_glm5_modules_with_the_model_shapes() -> None:
+def test_sm120_lists_the_sparse_attention_path_not_dense_mla() -> None:
     generators = "\n".join(load_target(REPO_ROOT, "sm120").jit_modules)
+    for needed in (
+        "gen_sparse_mla_sm120_module",  # DSA with FP8 KV on SM120
+        "gen_cutlass_fused_moe_sm120_module",
+        "gen_fp4_quantization_sm120f_module",  # 120f: FlashInfer 0.7.2 on CUDA >= 12.9
+        "gen_pcie_ipc_comm_module",
+    ):
+        assert needed in generators
+    assert "gen_batch_mla_module" not in generators  # dense MLA is the 0.5.9 workaround
+
+
+def test_sm120_0_5_9_lists_the_glm5_modules_with_the_model_shapes() -> None:
+    generators = "\n".join(load_target(REPO_ROOT, "sm120-0.5.9").jit_modules)
     for needed in (
         "gen_cutlass_fused_moe_sm120_module",
         "gen_trtllm_comm_module",
@@ -65,14 +88,14 @@ def test_sm120_lists_the_glm5_modules_with_the_model_shapes() -> None:
 
 def test_a_flashinfer_setting_without_its_module_is_named(tmp_path: Path) -> None:
     data = _data_copy(tmp_path)
-    toml = data / "images/sm120/target.toml"
+    toml = data / "images/sm120-0.5.9/target.toml"
     toml.write_text(
         toml.read_text().replace(
             'loaded_when = "attention_backend=flashinfer"',
             'loaded_when = "quantization=modelopt_fp4"',
         )
     )
-    problems = kernels.disagreements(load_target(data, "sm120"))
+    problems = kernels.disagreements(load_target(data, "sm120-0.5.9"))
     assert (
         "profile glm5-nvfp4-tp8: attention_backend=flashinfer loads FlashInfer, no module "
         "listed" in problems
@@ -81,11 +104,11 @@ def test_a_flashinfer_setting_without_its_module_is_named(tmp_path: Path) -> Non
 
 def test_a_module_no_profile_loads_is_named(tmp_path: Path) -> None:
     data = _data_copy(tmp_path)
-    profiles = data / "images/sm120/profiles.toml"
+    profiles = data / "images/sm120-0.5.9/profiles.toml"
     text = profiles.read_text()
     fusion = text.index("[profiles.glm5-nvfp4-tp8-fusion]")
     profiles.write_text(text[:fusion])
-    problems = kernels.disagreements(load_target(data, "sm120"))
+    problems = kernels.disagreements(load_target(data, "sm120-0.5.9"))
     assert problems == [
         "flashinfer.jit.comm:gen_trtllm_comm_module: no profile has "
         "enable_flashinfer_allreduce_fusion=true"

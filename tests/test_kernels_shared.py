@@ -77,7 +77,7 @@ def comm_only_patch(github: Upstreams, data_dir: Path) -> Path:
             old.splitlines(True), new.splitlines(True), f"a/{COMM_HEADER}", f"b/{COMM_HEADER}"
         )
     )
-    patch = data_dir / "forks/flashinfer/patches/sm120/0004-comm-only-change.patch"
+    patch = data_dir / "forks/flashinfer-0.6.3/patches/sm120/0004-comm-only-change.patch"
     patch.write_text(
         "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
         "From: builder tests <tests@example.invalid>\n"
@@ -243,7 +243,7 @@ def test_a_plain_venv_loads_the_kernels_from_the_index_without_compiling(
             env={"TWINE_USERNAME": "ci", "TWINE_PASSWORD": "pw"},
         )  # fmt: skip
         # The newest build's pair (the tamper test recompiled norm: nvcc gives other bytes).
-        latest = builder.data_dir / "manifests" / "sm120" / "latest.json"
+        latest = builder.data_dir / "manifests" / "sm120-0.5.9" / "latest.json"
         wheels = json.loads(latest.read_text())["wheels"]
         kernel_version = wheels["kernels"]["version"]
         index_url, requirements = runtime_index

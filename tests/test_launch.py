@@ -12,8 +12,8 @@ from builder import launch
 from builder.errors import BuilderError
 from tests.conftest import REPO_ROOT, Builder
 
-TARGET = REPO_ROOT / "images/sm120/target.toml"
-PROFILES = tomllib.loads((REPO_ROOT / "images/sm120/profiles.toml").read_text())["profiles"]
+TARGET = REPO_ROOT / "images/sm120-0.5.9/target.toml"
+PROFILES = tomllib.loads((REPO_ROOT / "images/sm120-0.5.9/profiles.toml").read_text())["profiles"]
 IMAGE = "registry.example/ml/sglang-sm120@sha256:" + "a" * 64
 
 
@@ -31,7 +31,7 @@ def test_default_profile_is_the_field_validated_tp8_recipe() -> None:
     assert list(recipe.args) == expected
     assert _flag(recipe.args, "--moe-runner-backend") == "flashinfer_cutlass"
     assert _flag(recipe.args, "--tp") == "8"
-    assert _flag(recipe.args, "--kv-cache-dtype") == "fp8_e4m3"
+    assert _flag(recipe.args, "--kv-cache-dtype") == "bfloat16"  # the dense-MLA stack's safe KV
     assert "--enable-flashinfer-allreduce-fusion" not in recipe.args
     assert recipe.env == base["env"]
     assert not recipe.experimental
@@ -53,6 +53,25 @@ def test_fusion_profile_is_the_default_plus_the_flag_and_warns() -> None:
     assert "236" in fusion.warning and "3,740" in fusion.warning
     assert fusion.expect["enable_flashinfer_allreduce_fusion"] is True
     assert fusion.expect["moe_runner_backend"] == "flashinfer_cutlass"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        launch.Overrides(params=(("kv_cache_dtype", "fp8_e4m3"),)),
+        launch.Overrides(extra_args=("--kv-cache-dtype=fp8_e5m2",)),
+        launch.Overrides(extra_args=("--kv-cache-dtype", "fp8_e4m3")),
+    ],
+)
+@pytest.mark.parametrize("profile", ["glm5-nvfp4-tp8", "glm5-nvfp4-tp8-fusion"])
+def test_the_dense_mla_stack_refuses_fp8_kv_in_one_line_saying_why(profile, overrides) -> None:
+    """sglang 0.5.9 + FlashInfer MLA reads the packed DSA fp8 pool as plain fp8: wrong text,
+    not an error; the profile refuses it however the value arrives."""
+    with pytest.raises(BuilderError) as refused:
+        launch.resolve(TARGET, profile, IMAGE, overrides)
+    message = str(refused.value)
+    assert "\n" not in message and "--kv-cache-dtype fp8_e" in message
+    assert "packed DSA fp8 KV pool" in message and "bfloat16" in message
 
 
 def test_overrides_model_dir_port_params_and_extra_args() -> None:
@@ -118,7 +137,7 @@ def _manifest(directory: Path, pushed: bool) -> Path:
 
 
 def test_launch_cli_takes_the_pushed_image_by_digest(builder: Builder) -> None:
-    _manifest(builder.data_dir / "manifests/sm120", pushed=True)
+    _manifest(builder.data_dir / "manifests/sm120-0.5.9", pushed=True)
     result = builder.run("launch", "--set", "kv_cache_dtype=bf16", "--json")
     recipe = json.loads(result.stdout)
     assert recipe["image"] == IMAGE
@@ -127,14 +146,14 @@ def test_launch_cli_takes_the_pushed_image_by_digest(builder: Builder) -> None:
 
 
 def test_launch_cli_warns_for_unpushed_image_and_experimental_profile(builder: Builder) -> None:
-    _manifest(builder.data_dir / "manifests/sm120", pushed=False)
+    _manifest(builder.data_dir / "manifests/sm120-0.5.9", pushed=False)
     result = builder.run("launch", "--profile", "glm5-nvfp4-tp8-fusion")
     assert "sglang-sm120:test" in result.stdout
     assert "EXPERIMENTAL" in result.stderr and "was not pushed" in result.stderr
 
 
 def test_launch_cli_bad_override_is_one_line(builder: Builder) -> None:
-    _manifest(builder.data_dir / "manifests/sm120", pushed=True)
+    _manifest(builder.data_dir / "manifests/sm120-0.5.9", pushed=True)
     result = builder.run("launch", "--set", "nonsense", check=False)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == "error: --set nonsense: expected KEY=VALUE"

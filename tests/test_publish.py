@@ -166,7 +166,7 @@ def test_static_index_keeps_earlier_wheels(built, tmp_path) -> None:
     builder, wheels = built
     static = tmp_path / "static"
     builder.run("publish", "--publish-static", str(static), "--upstream", "sglang")
-    patch = sorted((builder.data_dir / "forks/sglang/patches/sm120").glob("0001-*"))[0]
+    patch = sorted((builder.data_dir / "forks/sglang-0.5.9/patches/sm120").glob("0001-*"))[0]
     original = patch.read_text()
     patch.write_text(original.replace("\n---\n", "\nTested-by: static index test\n---\n", 1))
     try:

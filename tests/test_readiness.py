@@ -28,7 +28,7 @@ GOOD_INFO = {
     "moe_runner_backend": "flashinfer_cutlass",
     "attention_backend": "flashinfer",
     "tp_size": 8,
-    "kv_cache_dtype": "fp8_e4m3",
+    "kv_cache_dtype": "bfloat16",
     "enable_flashinfer_allreduce_fusion": False,
     "quantization": "modelopt_fp4",
 }

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import REPO_ROOT, Builder, Upstreams, set_pin
 from tests.upstreams import FLASHINFER, SGLANG, build_history
 
-SERIES = "forks/flashinfer/patches/sm120"
+SERIES = "forks/flashinfer-0.6.3/patches/sm120"
 
 
 @pytest.fixture(scope="session")
@@ -128,10 +128,10 @@ def test_conflict_stops_leaves_forks_untouched_then_export_finishes(
     assert result.returncode == 7
     assert "0003-jit-env-compare-public-versions" in result.stderr
     assert "conflicts in flashinfer/jit/env.py (hunk 2 of 3" in result.stderr
-    assert "builder patches export --target sm120 --upstream flashinfer" in result.stderr
+    assert "builder patches export --target sm120-0.5.9 --upstream flashinfer" in result.stderr
     assert _snapshot(forks) == before, "forks/ must not change before the series succeeds"
 
-    workdir = builder.cache_dir / "work/sm120/flashinfer-refresh"
+    workdir = builder.cache_dir / "work/sm120-0.5.9/flashinfer-refresh"
     env_py = workdir / "flashinfer/jit/env.py"
     assert env_py.read_text().count("<<<<<<< ours") == 2
     repo = pygit2.Repository(str(workdir))

@@ -105,14 +105,14 @@ def test_a_stale_target_lock_is_refused_before_the_build(
     built_image, docker_client, test_base, tmp_path, github: Upstreams
 ) -> None:
     builder = _fresh_data(built_image, tmp_path, github)
-    lock = builder.data_dir / "images/sm120/runtime-lock.txt"
+    lock = builder.data_dir / "images/sm120-0.5.9/runtime-lock.txt"
     lock.write_text(lock.read_text().replace("\ntorch==2.9.1 ", "\ntorch==2.8.0 "))
     before = {t for i in docker_client.images.list() for t in i.tags}
     result = builder.run("image", "--base-image", test_base, "--network-host", check=False)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: {lock}: stale lock: torch==2.9.1 is not met by its torch==2.8.0; "
-        "run `builder lock --target sm120` and review the change"
+        "run `builder lock --target sm120-0.5.9` and review the change"
     )
     assert "docker build" not in result.stderr
     assert {t for i in docker_client.images.list() for t in i.tags} == before

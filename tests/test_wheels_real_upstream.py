@@ -135,7 +135,7 @@ def test_wheel_bytes_do_not_depend_on_the_git_cli(
 def test_upstream_filter_and_sources_only(builder: Builder) -> None:
     result = json.loads(builder.run("sources", "--upstream", "sglang", "--json").stdout)
     assert list(result["upstreams"]) == ["sglang"]
-    assert not (builder.cache_dir / "work" / "sm120" / "flashinfer").exists()
+    assert not (builder.cache_dir / "work" / "sm120-0.5.9" / "flashinfer").exists()
     repo = pygit2.Repository(result["upstreams"]["sglang"]["path"])
     assert str(repo.head.target) == result["upstreams"]["sglang"]["commit"]
 
@@ -199,7 +199,7 @@ def test_image_runtime_requirements_come_from_target_pins_and_wheel_metadata(
     from builder.target import load_target
 
     builder, result = first
-    target = load_target(builder.data_dir, "sm120")
+    target = load_target(builder.data_dir, "sm120-0.5.9")
     wheels = {
         name: SimpleNamespace(dist_name=u["wheel"]["dist_name"], path=Path(u["wheel"]["path"]))
         for name, u in result["upstreams"].items()
@@ -221,7 +221,7 @@ def test_the_committed_sm120_lock_satisfies_the_wheels_and_a_stale_one_is_refuse
     """`builder lock --check` on the real wheels: the reviewed lock is current; the same
     lock with torch moved off sglang's pin is refused in one line naming the file."""
     builder, _ = first
-    lock = builder.data_dir / "images/sm120/runtime-lock.txt"
+    lock = builder.data_dir / "images/sm120-0.5.9/runtime-lock.txt"
     assert builder.run("lock", "--check").returncode == 0
     stale = tmp_path / "stale-lock.txt"
     stale.write_text(lock.read_text().replace("\ntorch==2.9.1 ", "\ntorch==2.8.0 "))
@@ -229,5 +229,5 @@ def test_the_committed_sm120_lock_satisfies_the_wheels_and_a_stale_one_is_refuse
     assert refused.returncode == 1
     assert refused.stderr.strip().splitlines()[-1] == (
         f"error: {stale}: stale lock: torch==2.9.1 is not met by its torch==2.8.0; "
-        "run `builder lock --target sm120` and review the change"
+        "run `builder lock --target sm120-0.5.9` and review the change"
     )

@@ -7,6 +7,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import os
+
 from builder import pipeline, validate
 from builder.settings import (
     CACHE_ENV,
@@ -20,9 +22,11 @@ from builder.settings import (
 from builder.target import load_target
 
 DEFAULT_TARGET = "sm120"
+TARGET_ENV = "BUILDER_TARGET"
 
 EPILOG = f"""\
 environment:
+  {TARGET_ENV}       the target when --target is not given (default: {DEFAULT_TARGET})
   {DATA_ENV}   project data (images/, forks/) to use instead of the checkout's;
                      copy them to try another pin or patch set without editing the repo
   {CACHE_ENV}  cache for mirrors, work trees and wheels (default: the user cache dir)
@@ -40,7 +44,9 @@ BUILD_COMMAND = (PROJECT, SELECTION, FETCH)
 
 def add_project_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--target", default=DEFAULT_TARGET, help=f"target under images/ (default: {DEFAULT_TARGET})"
+        "--target",
+        default=os.environ.get(TARGET_ENV) or DEFAULT_TARGET,
+        help=f"target under images/ (default: env {TARGET_ENV}, or {DEFAULT_TARGET})",
     )
     parser.add_argument(
         "--data-dir", help=f"project data directory (default: env {DATA_ENV}, or the checkout)"
