@@ -84,18 +84,22 @@ FLASHINFER = Snapshot(
 
 def fetch_sdist(dist: str, version: str) -> Path:
     """The sdist file from PyPI (simple JSON API), cached and sha256-checked."""
+    return fetch_release_file(dist, f"{dist.replace('-', '_')}-{version}.tar.gz")
+
+
+def fetch_release_file(dist: str, wanted: str) -> Path:
+    """One released file (sdist or wheel) from PyPI, cached and sha256-checked against the
+    index's own hash."""
     SDIST_CACHE.mkdir(parents=True, exist_ok=True)
+    cached = SDIST_CACHE / wanted
+    if cached.is_file():
+        return cached
     request = urllib.request.Request(
         f"https://pypi.org/simple/{dist}/",
         headers={"Accept": "application/vnd.pypi.simple.v1+json"},
     )
-    normalized = dist.replace("-", "_")
-    cached = [p for p in SDIST_CACHE.glob(f"{normalized}-{version}.tar.gz")]
-    if cached:
-        return cached[0]
     with urllib.request.urlopen(request, timeout=60) as response:
         index = json.load(response)
-    wanted = f"{normalized}-{version}.tar.gz"
     entry = next(f for f in index["files"] if f["filename"] == wanted)
     with urllib.request.urlopen(entry["url"], timeout=300) as response:
         payload = response.read()

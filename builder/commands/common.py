@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
-
-import os
 
 from builder import pipeline, validate
 from builder.settings import (

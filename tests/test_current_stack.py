@@ -1,0 +1,217 @@
+"""Target sm120 on today's stack: sglang 0.5.23 (from its released wheel) + FlashInfer 0.7.2.
+
+Real parts: the sglang 0.5.23 wheel and the flashinfer-python 0.7.2 sdist from PyPI (cached
+outside the repository), a real package index (pypiserver on loopback) that serves the
+wheel to builder through `--mirror`, exactly as a site's own index would.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import csv
+import hashlib
+import io
+import json
+import shutil
+import tarfile
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from builder import launch
+from builder.target import load_target
+from tests import sglang_flags
+from tests.conftest import REPO_ROOT, Builder
+from tests.services import start_pypiserver
+from tests.upstreams import fetch_release_file, fetch_sdist
+
+TARGET = "sm120"
+PIN = tomllib.loads((REPO_ROOT / "forks/sglang/pin.toml").read_text())
+FLASHINFER_PIN = tomllib.loads((REPO_ROOT / "forks/flashinfer/pin.toml").read_text())
+
+
+@pytest.fixture(scope="session")
+def sglang_release() -> Path:
+    wheel = fetch_release_file("sglang", PIN["ref"])
+    assert hashlib.sha256(wheel.read_bytes()).hexdigest() == PIN["sha256"]
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def sglang_source(sglang_release: Path, tmp_path_factory) -> Path:
+    """The `sglang` package of the 0.5.23 release, unpacked (its parser is read, not run)."""
+    root = tmp_path_factory.mktemp("sglang-0.5.23")
+    with zipfile.ZipFile(sglang_release) as archive:
+        archive.extractall(root, [n for n in archive.namelist() if n.startswith("sglang/")])
+    return root / "sglang"
+
+
+@pytest.fixture(scope="session")
+def release_index(sglang_release: Path, tmp_path_factory) -> str:
+    """A real package index on loopback holding the release, as a site mirror would."""
+    packages = tmp_path_factory.mktemp("release-index")
+    shutil.copy(sglang_release, packages)
+    process, port = start_pypiserver(packages, packages.parent / "pypiserver.log")
+    yield f"https://pypi.org/simple=http://127.0.0.1:{port}/simple"
+    process.terminate()
+
+
+def _profiles() -> list[str]:
+    profiles, _ = launch.load_profiles(REPO_ROOT / "images" / TARGET / "target.toml")
+    return list(profiles)
+
+
+@pytest.mark.parametrize("profile", _profiles())
+def test_every_flag_a_profile_renders_is_an_option_of_sglang_0_5_23(
+    sglang_source: Path, profile: str
+) -> None:
+    """Read from the real 0.5.23 parser definition (no abbreviations: `--tp` only works
+    because argparse takes prefixes); values must be among the option's choices, and
+    every key the readiness check expects must be a ServerArgs field /server_info reports."""
+    options = sglang_flags.server_flags(sglang_source)
+    assert "--dsa-prefill-backend" in options and "--nsa-prefill-backend" not in options
+    recipe = launch.resolve(
+        REPO_ROOT / "images" / TARGET / "target.toml", profile, "i@sha256:" + "0" * 64,
+        launch.Overrides(),
+    )  # fmt: skip
+    args = list(recipe.args)
+    for position, word in enumerate(args):
+        if not word.startswith("--"):
+            continue
+        assert word in options, f"{profile}: {word} is not an sglang 0.5.23 option"
+        option = options[word]
+        if option.takes_value:
+            value = args[position + 1]
+            if option.choices is not None:
+                assert value in option.choices, f"{profile}: {word} {value} not in choices"
+    fields = set(sglang_flags.server_args_fields(sglang_source))
+    assert set(recipe.expect) <= fields, set(recipe.expect) - fields
+
+
+def test_the_old_stack_s_attention_workaround_is_not_in_the_current_profiles() -> None:
+    for profile in _profiles():
+        recipe = launch.resolve(
+            REPO_ROOT / "images" / TARGET / "target.toml", profile, "i@sha256:" + "0" * 64,
+            launch.Overrides(),
+        )  # fmt: skip
+        assert "--attention-backend" not in recipe.args
+        assert recipe.expect["attention_backend"] == "dsa"
+        assert recipe.expect["kv_cache_dtype"] == "fp8_e4m3"
+    with pytest.raises(Exception, match="dense FlashInfer MLA"):
+        launch.resolve(
+            REPO_ROOT / "images" / TARGET / "target.toml", None, "i@sha256:" + "0" * 64,
+            launch.Overrides(extra_args=("--attention-backend", "flashinfer")),
+        )  # fmt: skip
+
+
+def test_every_listed_generator_exists_in_flashinfer_0_7_2() -> None:
+    """The JIT list names functions of the pinned FlashInfer (its released sdist), so the
+    image's warm-up cannot fail on a name that moved."""
+    sdist = fetch_sdist("flashinfer-python", FLASHINFER_PIN["version"])
+    target = load_target(REPO_ROOT, TARGET)
+    with tarfile.open(sdist) as archive:
+        members = {Path(m.name).relative_to(Path(m.name).parts[0]).as_posix(): m
+                   for m in archive.getmembers() if m.isfile() and m.name.endswith(".py")}  # fmt: skip
+        for generator in target.jit_modules:
+            module, function = generator.split("(")[0].split(":")
+            path = module.replace(".", "/") + ".py"
+            if path not in members:
+                path = module.replace(".", "/") + "/__init__.py"
+            tree = ast.parse(archive.extractfile(members[path]).read())
+            defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+            assert function in defined, f"{generator}: no {function} in {path}"
+
+
+def _record_ok(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        record_name = next(n for n in archive.namelist() if n.endswith(".dist-info/RECORD"))
+        rows = list(csv.reader(io.StringIO(archive.read(record_name).decode())))
+        listed = {row[0] for row in rows}
+        assert listed == set(archive.namelist())
+        for path, digest, size in rows:
+            if path == record_name:
+                continue
+            data = archive.read(path)
+            expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            assert digest == f"sha256={expected.decode()}" and int(size) == len(data), path
+
+
+def _builder(root: Path, mirror: str) -> Builder:
+    """builder on a data copy, reaching the release through the loopback index."""
+    for folder in ("images", "forks"):
+        shutil.copytree(REPO_ROOT / folder, root / "data" / folder)
+    return Builder(
+        root / "data", root / "cache", mirror, root / "wheelhouse", env={"BUILDER_TARGET": TARGET}
+    )
+
+
+def test_the_sglang_wheel_is_the_release_repacked_with_the_series(
+    tmp_path: Path, release_index: str, sglang_release: Path
+) -> None:
+    """From the index to the fork wheel: the pinned file becomes the pinned commit, the series
+    applies on it, and the wheel is the release's bytes but for the patched files and the
+    version; a second build from an empty cache gives the same bytes."""
+    builder = _builder(tmp_path / "a", release_index)
+    result = builder.run("wheels", "--upstream", "sglang", "--json")
+    sglang = json.loads(result.stdout)["upstreams"]["sglang"]
+    assert sglang["upstream_commit"] == PIN["commit"]
+    assert len(sglang["patches"]) == len(list((REPO_ROOT / "forks/sglang/patches/sm120").glob("*.patch")))
+    wheel = Path(sglang["wheel"]["path"])
+    assert sglang["wheel"]["version"] == f"0.5.23+sm120.g{sglang['fork_commit'][:7]}"
+    assert wheel.name.endswith("-cp312-cp312-manylinux_2_34_x86_64.whl")
+    _record_ok(wheel)
+
+    patched = set()
+    for patch in (REPO_ROOT / "forks/sglang/patches/sm120").glob("*.patch"):
+        patched |= {line.split(" b/")[-1] for line in patch.read_text().splitlines()
+                    if line.startswith("diff --git ")}  # fmt: skip
+    with zipfile.ZipFile(sglang_release) as old, zipfile.ZipFile(wheel) as new:
+        new_names = set(new.namelist())
+        compiled = 0
+        for name in old.namelist():
+            if name.endswith("/") or ".dist-info/" in name:
+                continue
+            assert name in new_names, name
+            if name in patched:
+                assert new.read(name) != old.read(name), f"{name}: patch not in the wheel"
+            else:
+                assert new.read(name) == old.read(name), f"{name} differs from the release"
+                compiled += name.endswith(".so")
+        assert compiled >= 2  # the Rust extensions, byte for byte
+        metadata = next(n for n in new_names if n.endswith(".dist-info/METADATA"))
+        assert f"\nVersion: {sglang['wheel']['version']}\n" in new.read(metadata).decode()
+        launch_command_patch = new.read("sglang/srt/server_args.py").decode()
+        assert "api_key" in launch_command_patch
+
+    again = _builder(tmp_path / "b", release_index)
+    second = json.loads(again.run("wheels", "--upstream", "sglang", "--json").stdout)[
+        "upstreams"
+    ]["sglang"]["wheel"]
+    assert second["sha256"] == sglang["wheel"]["sha256"] and not second["cached"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("sha256", "0" * 64, "has sha256 8d257a31"),
+        ("commit", "0" * 40, "make commit ccc10728"),
+    ],
+)
+def test_a_release_that_is_not_the_pinned_one_is_refused_and_nothing_is_left(
+    tmp_path: Path, release_index: str, field: str, value: str, message: str
+) -> None:
+    builder = _builder(tmp_path, release_index)
+    pin = builder.data_dir / "forks/sglang/pin.toml"
+    pin.write_text(pin.read_text().replace(f'{field} = "{PIN[field]}"', f'{field} = "{value}"'))
+    result = builder.run("wheels", "--upstream", "sglang", check=False)
+    assert result.returncode == 1
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: {pin}: ") and message in line
+    assert not builder.wheelhouse.exists() or not list(builder.wheelhouse.glob("*.whl"))
+    releases = builder.cache_dir / "releases"
+    assert not releases.exists() or all(
+        hashlib.sha256(p.read_bytes()).hexdigest() == PIN["sha256"] for p in releases.iterdir()
+    )
