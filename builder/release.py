@@ -22,8 +22,8 @@ from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 import pygit2
-from pygit2.enums import FileMode
 from packaging.utils import canonicalize_name, parse_wheel_filename
+from pygit2.enums import FileMode
 
 from builder import progress
 from builder.cache import sha256_file
