@@ -20,10 +20,11 @@ GPU_QUERY = [
     "--format=csv,noheader,nounits",
 ]
 # The oldest Linux driver each CUDA minor needs (CUDA toolkit release notes, table 3).
+# As NVIDIA writes them (Version would print 580.65.06 as 580.65.6).
 MIN_DRIVER_FOR_CUDA = {
-    "12.8": Version("570.26"),
-    "12.9": Version("575.51.03"),
-    "13.0": Version("580.65.06"),
+    "12.8": "570.26",
+    "12.9": "575.51.03",
+    "13.0": "580.65.06",
 }
 MIN_SHM_BYTES = 16 << 30
 
@@ -131,7 +132,7 @@ def check_driver(gpus: list[Gpu], cuda_version: Version) -> Finding:
         return Finding(
             "driver", True, f"driver {drivers[0]}; no known minimum for CUDA {cuda_version}"
         )
-    old = [d for d in drivers if Version(d) < minimum]
+    old = [d for d in drivers if Version(d) < Version(minimum)]
     return Finding(
         "driver",
         not old,
@@ -154,6 +155,30 @@ def check_topology(links: dict[tuple[int, int], str]) -> Finding:
         f"GPU links: {', '.join(kinds)} (PCIe, no NVLink): allreduce goes over PCIe",
         "keep NCCL_P2P_LEVEL=PHB and NCCL_IB_DISABLE=1 (the profile sets them); in Proxmox, "
         "GPUs behind one PCIe switch (PIX) allreduce faster than across sockets (SYS)",
+    )
+
+
+P2P_QUERY = ["nvidia-smi", "topo", "-p2p", "r"]  # peer reads between every GPU pair
+
+
+def check_peer_access(status: dict[tuple[int, int], str], needed: int) -> Finding:
+    """FlashInfer's PCIe IPC all-reduce maps every peer's buffer (cudaIpc, lazy peer access):
+    each pair of the first `needed` GPUs must read its peer (`nvidia-smi topo -p2p r`: OK)."""
+    pairs = {pair: value for pair, value in status.items() if max(pair) < needed}
+    refused = sorted(f"GPU{a}-GPU{b} {value}" for (a, b), value in pairs.items() if value != "OK")
+    if not pairs and needed > 1:
+        refused = ["no peer matrix from nvidia-smi"]
+    more = " ..." if len(refused) > 4 else ""
+    outcome = f"refused for {', '.join(refused[:4])}{more}" if refused else "OK for every pair"
+    return Finding(
+        "peer access",
+        not refused,
+        f"peer reads between {needed} GPUs: {outcome}",
+        ""
+        if not refused
+        else "the -pcie-ar profile needs GPU peer access: on the Proxmox host boot with "
+        "iommu=pt (intel_iommu=on iommu=pt / amd_iommu=on iommu=pt) and pass the GPUs as "
+        "PCI-Express devices; or use the profile without -pcie-ar (NCCL)",
     )
 
 

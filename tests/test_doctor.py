@@ -80,3 +80,46 @@ def test_real_h200_capture_with_nvlink() -> None:
     # The sm120 image on this machine: the capability check says why it cannot run.
     wrong = _by_check(doctor.check_gpus(gpus, "12.0", 8, 90))
     assert not wrong["gpu count"].ok and not wrong["compute capability"].ok
+
+
+P2P_8 = """ \tGPU0\tGPU1\tGPU2\tGPU3\tGPU4\tGPU5\tGPU6\tGPU7\t
+ GPU0\tX\tOK\tOK\tOK\tOK\tOK\tOK\tOK\t
+ GPU1\tOK\tX\tOK\tOK\tOK\tOK\tOK\tOK\t
+ GPU2\tOK\tOK\tX\tOK\tOK\tOK\tOK\tOK\t
+ GPU3\tOK\tOK\tOK\tX\tOK\tOK\tOK\tOK\t
+ GPU4\tOK\tOK\tOK\tOK\tX\tOK\tOK\tOK\t
+ GPU5\tOK\tOK\tOK\tOK\tOK\tX\tOK\tOK\t
+ GPU6\tOK\tOK\tOK\tOK\tOK\tOK\tX\tOK\t
+ GPU7\tOK\tOK\tOK\tOK\tOK\tOK\tOK\tX\t
+
+Legend:
+
+  X    = Self
+  OK   = Status Ok
+  CNS  = Chipset not supported
+  GNS  = GPU not supported
+  TNS  = Topology not supported
+  NS   = Not supported
+  U    = Unknown
+"""
+
+
+def test_peer_access_for_the_pcie_allreduce_profile() -> None:
+    status = doctor.parse_topology(P2P_8)
+    assert len(status) == 8 * 7 and set(status.values()) == {"OK"}
+    assert doctor.check_peer_access(status, 8).ok
+    # A VM without iommu=pt: the host bridge refuses peer reads across the root complex.
+    refused = P2P_8.replace(" GPU0\tX\tOK\tOK\tOK\tOK\tOK", " GPU0\tX\tOK\tOK\tOK\tCNS\tCNS")
+    finding = doctor.check_peer_access(doctor.parse_topology(refused), 8)
+    assert not finding.ok and "GPU0-GPU4 CNS" in finding.detail and "iommu=pt" in finding.fix
+    assert doctor.check_peer_access(doctor.parse_topology(refused), 4).ok  # TP-4 uses GPU0-3
+    assert not doctor.check_peer_access({}, 8).ok
+
+
+def test_cuda_13_needs_a_580_driver() -> None:
+    gpus = _gpus("rtx-pro-6000-x8")
+    finding = doctor.check_driver(gpus, Version("13.0.1"))
+    assert (">= 580.65.06" in finding.detail) and finding.ok == (
+        Version(gpus[0].driver) >= Version("580.65.06")
+    )
+    assert not doctor.check_driver(_gpus("rtx-pro-6000-x8-old-driver"), Version("13.0.1")).ok

@@ -287,6 +287,10 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         topo = doctor.run_command(["nvidia-smi", "topo", "-m"])
         if topo:
             findings.append(doctor.check_topology(doctor.parse_topology(topo)))
+        if profile.get("needs_peer_access"):
+            p2p = doctor.run_command(doctor.P2P_QUERY) or ""
+            status = doctor.parse_topology(p2p) if p2p.strip() else {}
+            findings.append(doctor.check_peer_access(status, tp))
     findings.append(doctor.check_shm(doctor.shm_free_bytes()))
     info = None
     client = None
