@@ -42,6 +42,8 @@ class WheelBuild:
     # A file (in project_dir) listing the tracked files under project_dir, for backends whose
     # file finder would run `git ls-files` (setuptools-scm reads an egg-info SOURCES.txt).
     file_list: str = ""
+    # Settings for the upstream's build backend (it sees no other variable of builder's).
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,7 @@ def load_fork(data_dir: Path, name: str) -> Fork:
             clean=build.strings("clean", []),
             must_contain=build.strings("must_contain", []),
             write_files=_write_files(build),
+            env=_backend_env(build),
             file_list=(
                 _relative_path(build, "file_list", build.get("file_list", str))
                 if "file_list" in build.table
@@ -259,6 +262,14 @@ def _platform(image: _Reader) -> str:
     if not re.fullmatch(r"(x86_64|aarch64)-manylinux(_\d+_\d+|2014)", platform):
         raise image.fail("platform", f"is '{platform}', expected e.g. x86_64-manylinux_2_39")
     return platform
+
+
+def _backend_env(build: _Reader) -> dict[str, str]:
+    table = build.get("env", dict, {})
+    for name, value in table.items():
+        if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name) or not isinstance(value, str):
+            raise build.fail(f"env.{name}", "must be NAME = \"string\"")
+    return dict(table)
 
 
 def _write_files(build: _Reader) -> dict[str, str]:

@@ -62,7 +62,7 @@ def wheel_version(fork: Fork, label: str, fork_commit: str) -> str:
 
 
 def _build_env(fork: Fork, version: str, source_date_epoch: int) -> dict[str, str]:
-    env = {"SOURCE_DATE_EPOCH": str(source_date_epoch), "PYTHONHASHSEED": "0"}
+    env = {**fork.wheel.env, "SOURCE_DATE_EPOCH": str(source_date_epoch), "PYTHONHASHSEED": "0"}
     if fork.wheel.version_env:
         local = version.split("+", 1)[1]
         value = fork.wheel.version_env_value.format(version=version, local=local)

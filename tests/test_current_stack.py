@@ -26,7 +26,12 @@ from builder.target import load_target
 from tests import sglang_flags
 from tests.conftest import REPO_ROOT, Builder
 from tests.services import start_pypiserver
-from tests.upstreams import fetch_release_file, fetch_sdist
+from tests.upstreams import (
+    FLASHINFER_CURRENT,
+    build_repository,
+    fetch_release_file,
+    fetch_sdist,
+)
 
 TARGET = "sm120"
 PIN = tomllib.loads((REPO_ROOT / "forks/sglang/pin.toml").read_text())
@@ -57,6 +62,15 @@ def release_index(sglang_release: Path, tmp_path_factory) -> str:
     process, port = start_pypiserver(packages, packages.parent / "pypiserver.log")
     yield f"https://pypi.org/simple=http://127.0.0.1:{port}/simple"
     process.terminate()
+
+
+@pytest.fixture(scope="session")
+def flashinfer_upstream(tmp_path_factory) -> tuple[str, str]:
+    """flashinfer 0.7.2 as a git repository with its submodules, from the sdist: (mirror,
+    commit of the v0.7.2 tag)."""
+    root = tmp_path_factory.mktemp("github-current")
+    commit = build_repository(FLASHINFER_CURRENT, root)
+    return f"https://github.com/=file://{root}/", commit
 
 
 def _profiles() -> list[str]:
@@ -215,3 +229,32 @@ def test_a_release_that_is_not_the_pinned_one_is_refused_and_nothing_is_left(
     assert not releases.exists() or all(
         hashlib.sha256(p.read_bytes()).hexdigest() == PIN["sha256"] for p in releases.iterdir()
     )
+
+
+def test_both_wheels_build_and_the_committed_lock_satisfies_them(
+    tmp_path: Path, release_index: str, flashinfer_upstream: tuple[str, str]
+) -> None:
+    """The whole target's wheels: sglang from its release, flashinfer 0.7.2 built from git
+    with the pin's backend settings (no expert-parallel extras, nothing pip-installed into
+    builder's environment); `builder lock --check` finds images/sm120/runtime-lock.txt
+    current for exactly these wheels."""
+    import importlib.metadata
+
+    mirror, commit = flashinfer_upstream
+    builder = _builder(tmp_path, release_index)
+    pin = builder.data_dir / "forks/flashinfer/pin.toml"
+    pin.write_text(pin.read_text().replace(FLASHINFER_PIN["commit"], commit))
+    before = {d.metadata["Name"] for d in importlib.metadata.distributions()}
+    result = json.loads(builder.run("wheels", "--mirror", mirror, "--json").stdout)
+    flashinfer = result["upstreams"]["flashinfer"]["wheel"]
+    assert flashinfer["version"] == f"0.7.2+sm120.g{commit[:7]}"
+    with zipfile.ZipFile(flashinfer["path"]) as archive:
+        meta = archive.read("flashinfer/_build_meta.py").decode()
+        assert f'__version__ = "{flashinfer["version"]}"' in meta and commit in meta
+        names = set(archive.namelist())
+    assert "flashinfer/data/cccl" in {n.rsplit("/", 1)[0] for n in names} or any(
+        n.startswith("flashinfer/data/cccl/") for n in names
+    )
+    assert {d.metadata["Name"] for d in importlib.metadata.distributions()} == before
+    checked = builder.run("lock", "--check", "--mirror", mirror, check=False)
+    assert checked.returncode == 0, checked.stderr

@@ -82,6 +82,22 @@ FLASHINFER = Snapshot(
 )
 
 
+# Target sm120's flashinfer (0.7.2): its sdist vendors cccl as well.
+FLASHINFER_CURRENT = Snapshot(
+    owner="flashinfer-ai",
+    name="flashinfer",
+    dist="flashinfer-python",
+    version="0.7.2",
+    sdist_root_in_git="",
+    generated_files=("flashinfer/_build_meta.py",),
+    submodules=(
+        ("3rdparty/cutlass", "NVIDIA", "cutlass"),
+        ("3rdparty/spdlog", "gabime", "spdlog"),
+        ("3rdparty/cccl", "NVIDIA", "cccl"),
+    ),
+)
+
+
 def fetch_sdist(dist: str, version: str) -> Path:
     """The sdist file from PyPI (simple JSON API), cached and sha256-checked."""
     return fetch_release_file(dist, f"{dist.replace('-', '_')}-{version}.tar.gz")
