@@ -4,11 +4,12 @@ The distribution is `flashinfer-jit-cache`, the name FlashInfer itself looks for
 package is installed, FlashInfer loads `<its folder>/<name>/<name>.so` for every module it
 holds and never starts ninja (flashinfer/jit/env.py, core.py). Ours differs from the
 official one in three ways:
-- its version is the flashinfer build's plus a content tag, `0.6.3+sm120.g1a2b3c4.k<8 hex>`
+- its version is the flashinfer build's plus a content tag, `0.7.2+sm120.g1a2b3c4.k<8 hex>`
   (the `k` part hashes every module's sha256), so one version means one set of bytes;
-- it requires exactly that flashinfer build (`flashinfer-python==0.6.3+sm120.g1a2b3c4`), so
-  pip refuses a mismatch, and its `get_jit_cache_dir()`, which FlashInfer calls at import,
-  refuses one too (the official wheel checks only the public version);
+- it requires exactly that flashinfer build (`flashinfer-python==0.7.2+sm120.g1a2b3c4`), so
+  pip refuses a mismatch, and at import it serves its folder only next to that build
+  (0.6.x calls `get_jit_cache_dir()`, 0.7.x `get_jit_cache_providers()`: one provider with
+  the arch list in FlashInfer's spelling, sm120f, and the module names);
 - it holds only what the target's list (and kernel packs) name, compiled for its arch.
 
 The wheel is reproducible: fixed timestamps and modes, files in sorted order.
@@ -38,13 +39,20 @@ PLATFORM_TAG = "linux_x86_64"
 _EPOCH = 315532800  # 1980-01-01, the earliest time a zip entry can hold
 
 _INIT = '''"""FlashInfer kernels built by builder for {flashinfer_dist} {flashinfer_version}
-({arch}, nvcc {nvcc}). Loaded by FlashInfer from get_jit_cache_dir(), without compiling."""
+({arch}, nvcc {nvcc}). Loaded by FlashInfer without compiling: 0.6.x from
+get_jit_cache_dir(), 0.7.x from get_jit_cache_providers()."""
 
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-__version__ = "{version}"
+KERNELS_VERSION = "{version}"
 FLASHINFER_BUILD = "{flashinfer_version}"
+# What FlashInfer compares with its own version (0.6.x: a prefix; 0.7.x: equal, or
+# "<version>+..."); the exact build is checked below.
+__version__ = FLASHINFER_BUILD
+CUDA_ARCHITECTURES = {cuda_architectures!r}
+MODULES = {modules!r}
 
 
 def get_jit_cache_dir() -> str:
@@ -55,11 +63,41 @@ def get_jit_cache_dir() -> str:
         installed = None
     if installed != FLASHINFER_BUILD:
         raise RuntimeError(
-            f"flashinfer-jit-cache {{__version__}} holds kernels built for {flashinfer_dist} "
+            f"flashinfer-jit-cache {{KERNELS_VERSION}} holds kernels built for {flashinfer_dist} "
             f"{{FLASHINFER_BUILD}}, but {{installed}} is installed: install the kernel wheel "
             "that the builder manifest records for this flashinfer build"
         )
     return str(Path(__file__).parent / "jit_cache")
+
+
+@dataclass(frozen=True)
+class JitCacheProvider:
+    provider_id: str
+    distribution: str
+    version: str
+    jit_cache_dir: Path
+    cuda_architectures: frozenset
+    modules: frozenset
+
+
+def get_jit_cache_providers() -> tuple:
+    """FlashInfer 0.7.x (flashinfer/jit/env.py _get_aot_providers): this wheel as its one
+    provider; none next to another flashinfer build (an exception here would fail
+    `import flashinfer`, so the mismatch is FlashInfer's warning and a compile instead)."""
+    try:
+        folder = Path(get_jit_cache_dir()).resolve()
+    except RuntimeError:
+        return ()
+    return (
+        JitCacheProvider(
+            provider_id="builder",
+            distribution="flashinfer-jit-cache",
+            version=__version__,
+            jit_cache_dir=folder,
+            cuda_architectures=frozenset(CUDA_ARCHITECTURES),
+            modules=frozenset(MODULES),
+        ),
+    )
 '''
 
 
@@ -80,11 +118,19 @@ def stable_inventory(inventory: dict) -> dict:
 
 
 def kernel_version(flashinfer_version: str, inventory: dict) -> str:
-    """The flashinfer build's version plus `.k` and 8 hex of every module's sha256: one
-    version, one set of bytes (nvcc output differs between compiles of the same inputs)."""
+    """The flashinfer build's version plus `k` and 8 hex of every module's sha256: one
+    version, one set of bytes (nvcc output differs between compiles of the same inputs).
+    `.k…` extends a local label (0.7.2+sm120.g1a2b3c4.k…); a build without one starts it
+    (0.7.2+k…): `0.7.2.k…` is no PEP 440 version."""
     digests = sorted((module["name"], module["sha256"]) for module in inventory["modules"])
     tag = hashlib.sha256(json.dumps(digests).encode()).hexdigest()[:8]
-    return f"{flashinfer_version}.k{tag}"
+    return f"{flashinfer_version}{'.' if '+' in flashinfer_version else '+'}k{tag}"
+
+
+def provider_arch(arch: str) -> str:
+    """FLASHINFER_CUDA_ARCH_LIST's spelling in FlashInfer 0.7's: 9.0a -> sm90a, 12.0f -> sm120f."""
+    major, _, minor = arch.partition(".")
+    return f"sm{major}{minor}"
 
 
 @contextmanager
@@ -127,6 +173,8 @@ def build_kernel_wheel(
         arch=" ".join(inventory["arch_list"]),
         nvcc=inventory["nvcc_version"],
         version=version,
+        cuda_architectures=sorted(provider_arch(arch) for arch in inventory["arch_list"]),
+        modules=sorted(module["name"] for module in inventory["modules"]),
     )
     files[f"{PACKAGE}/__init__.py"] = init.encode()
     files[f"{PACKAGE}/inventory.json"] = json.dumps(
