@@ -61,7 +61,8 @@ def _open(url: str, what: str):
         ) from None
 
 
-def _file_url(index: str, dist: str, filename: str, what: str) -> str:
+def _file_link(index: str, dist: str, filename: str, what: str) -> tuple[str, str | None]:
+    """(URL, the index's sha256 or None) of `filename` on a PEP 503 index."""
     page = f"{index.rstrip('/')}/{canonicalize_name(dist)}/"
     with _open(page, what) as response:
         parser = _Links()
@@ -69,22 +70,38 @@ def _file_url(index: str, dist: str, filename: str, what: str) -> str:
     href = parser.links.get(filename)
     if href is None:
         raise BuilderError(f"{what}: {redact(page)} does not offer {filename}")
-    return urljoin(page, href).split("#", 1)[0]
+    url, _, fragment = urljoin(page, href).partition("#")
+    digest = fragment.removeprefix("sha256=") if fragment.startswith("sha256=") else None
+    return url, digest
 
 
-def download(cache_dir: Path, fork: Fork, mirrors: Mirrors, what: str) -> Path:
-    """The pinned release file in `<cache>/releases/`, fetched once and sha256-checked."""
+def download(
+    cache_dir: Path,
+    fork: Fork,
+    mirrors: Mirrors,
+    what: str,
+    filename: str | None = None,
+) -> tuple[Path, str]:
+    """(path, sha256) of a release file in `<cache>/releases/`, fetched once: the pinned one
+    (checked against the pin), or `filename` (checked against the index's own sha256, for a
+    refresh to write into the pin for review)."""
     release = fork.release
     assert release is not None
-    path = cache_dir / "releases" / release.filename
-    if path.is_file() and sha256_file(path) == release.sha256:
-        return path
+    filename = filename or release.filename
+    pinned = release.sha256 if filename == release.filename else None
+    path = cache_dir / "releases" / filename
+    if pinned and path.is_file() and sha256_file(path) == pinned:
+        return path, pinned
     index = mirrors.rewrite(fork.url)
-    url = mirrors.rewrite(_file_url(index, fork.wheel.dist_name, release.filename, what))
+    link, offered = _file_link(index, fork.wheel.dist_name, filename, what)
+    expected = pinned or offered
+    if expected is None:
+        raise BuilderError(f"{what}: the index gives no sha256 for {filename}: not used")
+    url = mirrors.rewrite(link)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")
     digest = hashlib.sha256()
-    with progress.task(f"download {release.filename}") as bar, _open(url, what) as response:
+    with progress.task(f"download {filename}") as bar, _open(url, what) as response:
         total = int(response.headers.get("Content-Length") or 0) or None
         bar.update(bar.task_ids[0], total=total)
         with partial.open("wb") as out:
@@ -92,14 +109,26 @@ def download(cache_dir: Path, fork: Fork, mirrors: Mirrors, what: str) -> Path:
                 digest.update(block)
                 out.write(block)
                 bar.advance(bar.task_ids[0], len(block))
-    if digest.hexdigest() != release.sha256:
+    if digest.hexdigest() != expected:
         partial.unlink()
+        said = "the pin says" if pinned else "the index says"
         raise BuilderError(
-            f"{what}: {redact(url)} has sha256 {digest.hexdigest()}, the pin says "
-            f"{release.sha256} (a different file under the pinned name: not used)"
+            f"{what}: {redact(url)} has sha256 {digest.hexdigest()}, {said} {expected} "
+            "(a different file under that name: not used)"
         )
     os.replace(partial, path)
-    return path
+    return path, expected
+
+
+def onto_filename(fork: Fork, onto: str) -> str:
+    """`--onto` for a release-sourced upstream: a wheel file name, or a version whose file
+    has the pinned one's tags (0.5.24 -> sglang-0.5.24-cp312-cp312-manylinux_2_34_x86_64.whl)."""
+    assert fork.release is not None
+    if onto.endswith(".whl"):
+        return onto
+    version = onto.removeprefix("v")
+    name, _, tags = fork.release.filename.partition(f"-{fork.version}-")
+    return f"{name}-{version}-{tags}"
 
 
 def _member_time(info: zipfile.ZipInfo) -> int:
@@ -142,3 +171,11 @@ def release_commit(repo: pygit2.Repository, fork: Fork, wheel: Path, what: str) 
         )
     repo.references.create(f"refs/releases/{release.filename}", commit, force=True)
     return commit
+
+
+def commit_sha256(repo: pygit2.Repository, commit: str) -> str:
+    """The sha256 of the release file an imported commit was made from (its message)."""
+    for line in repo.get(commit).message.splitlines():
+        if line.startswith("sha256 "):
+            return line.split()[1]
+    raise BuilderError(f"commit {commit[:12]} is not a release import")

@@ -22,13 +22,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pygit2
+from packaging.utils import parse_wheel_filename
 from pygit2.enums import ApplyLocation, CheckoutStrategy, DiffStatsFormat
 
 from builder.cache import atomic_write_text, remove_tree
 from builder.errors import BuilderError
 from builder.patches import COMMITTER_EMAIL, COMMITTER_NAME, PatchFile, parse_patch_file
+from builder.release import commit_sha256 as release_sha256
 from builder.settings import Mirrors
-from builder.sources import checkout_commit, ensure_commit, fetch_ref, open_workdir, workdir_path
+from builder.sources import (
+    checkout_commit,
+    ensure_commit,
+    ensure_release,
+    fetch_ref,
+    fetch_release,
+    open_workdir,
+    workdir_path,
+)
 from builder.target import Fork
 
 STATE_FILE = "builder-refresh.json"
@@ -190,8 +200,12 @@ def prepare(
 ) -> tuple[pygit2.Repository, str, str]:
     """The refresh work repository holding the pin and REF: (repo, REF's commit, full ref)."""
     what = str(fork.directory / "pin.toml")
-    mirror = ensure_commit(cache_dir, fork.url, fork.commit, mirrors, what, ref=fork.ref)
-    onto_commit, full_ref = fetch_ref(cache_dir, fork.url, onto, mirrors, what)
+    if fork.release:
+        mirror = ensure_release(cache_dir, fork, mirrors, what)
+        onto_commit, full_ref, _ = fetch_release(cache_dir, fork, mirrors, onto, what)
+    else:
+        mirror = ensure_commit(cache_dir, fork.url, fork.commit, mirrors, what, ref=fork.ref)
+        onto_commit, full_ref = fetch_ref(cache_dir, fork.url, onto, mirrors, what)
     repo = open_workdir(refresh_dir(cache_dir, target, fork.name), mirror)
     return repo, onto_commit, full_ref
 
@@ -305,9 +319,15 @@ def _write_series(repo, fork: Fork, series: str, ref: str, onto_commit: str, hea
         names.append(name)
     pin_path = fork.directory / "pin.toml"
     pin = pin_path.read_text()
-    version = _version_at(repo, onto_commit, fork, ref.rsplit("/", 1)[-1])
-    for key, value in (("commit", onto_commit), ("ref", ref), ("version", version)):
-        pin = re.sub(rf'(?m)^{key} = ".*"$', f'{key} = "{value}"', pin, count=1)
+    fields = {"commit": onto_commit, "ref": ref}
+    if fork.release:  # ref is the release file: its version and sha256 (from the index)
+        fields["version"] = str(parse_wheel_filename(ref)[1])
+        fields["sha256"] = release_sha256(repo, onto_commit)
+    else:
+        fields["version"] = _version_at(repo, onto_commit, fork, ref.rsplit("/", 1)[-1])
+    version = fields["version"]
+    for key, value in fields.items():
+        pin = re.sub(rf'(?m)^{key} = "[^"\n]*"', f'{key} = "{value}"', pin, count=1)
     old = series_dir.with_name(f".{series}.old")
     remove_tree(old)
     series_dir.rename(old)

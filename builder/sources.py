@@ -247,9 +247,22 @@ def ensure_release(cache_dir: Path, fork: Fork, mirrors: Mirrors, what: str) -> 
     path = _mirror_path(cache_dir, f"{fork.url}#{fork.release.filename}")
     repo = _open_or_create_mirror(path)
     if not _has_commit(repo, fork.commit):
-        wheel = release.download(cache_dir, fork, mirrors, what)
+        wheel, _ = release.download(cache_dir, fork, mirrors, what)
         release.release_commit(repo, fork, wheel, what)
     return path
+
+
+def fetch_release(
+    cache_dir: Path, fork: Fork, mirrors: Mirrors, onto: str, what: str
+) -> tuple[str, str, str]:
+    """Another release of a release-sourced upstream, imported beside the pinned one:
+    (its commit, file name, sha256)."""
+    filename = release.onto_filename(fork, onto)
+    wheel, sha256 = release.download(cache_dir, fork, mirrors, what, filename)
+    repo = pygit2.Repository(str(ensure_release(cache_dir, fork, mirrors, what)))
+    commit = release.import_wheel(repo, wheel, sha256)
+    repo.references.create(f"refs/releases/{filename}", commit, force=True)
+    return commit, filename, sha256
 
 
 def fetch_and_checkout(cache_dir: Path, target: str, fork: Fork, mirrors: Mirrors) -> Checkout:

@@ -258,3 +258,71 @@ def test_both_wheels_build_and_the_committed_lock_satisfies_them(
     assert {d.metadata["Name"] for d in importlib.metadata.distributions()} == before
     checked = builder.run("lock", "--check", "--mirror", mirror, check=False)
     assert checked.returncode == 0, checked.stderr
+
+
+def _as_release(wheel: Path, version: str, out: Path) -> Path:
+    """`wheel` re-labelled as release `version` (dist-info, METADATA, RECORD): a stand-in
+    for an sglang release that is not out yet (a fake only in its version number)."""
+    with zipfile.ZipFile(wheel) as archive:
+        files = {n: archive.read(n) for n in archive.namelist() if not n.endswith("/RECORD")}
+    old_info = next(n for n in files if n.endswith(".dist-info/METADATA")).split("/")[0]
+    info = f"sglang-{version}.dist-info"
+    renamed = {n.replace(old_info, info, 1) if n.startswith(old_info) else n: d
+               for n, d in files.items()}  # fmt: skip
+    meta = renamed[f"{info}/METADATA"].decode().splitlines(keepends=True)
+    renamed[f"{info}/METADATA"] = "".join(
+        f"Version: {version}\n" if line.startswith("Version: ") else line for line in meta
+    ).encode()
+    record = io.StringIO()
+    rows = csv.writer(record, lineterminator="\n")
+    for name, data in renamed.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        rows.writerow((name, f"sha256={digest}", len(data)))
+    rows.writerow((f"{info}/RECORD", "", ""))
+    renamed[f"{info}/RECORD"] = record.getvalue().encode()
+    path = out / PIN["ref"].replace("-0.5.23-", f"-{version}-")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in renamed.items():
+            archive.writestr(name, data)
+    return path
+
+
+def test_the_series_moves_to_a_new_release_with_builder_s_own_tools(
+    tmp_path: Path, sglang_release: Path
+) -> None:
+    """`patches check/refresh --onto VERSION` for a release-sourced upstream: the next
+    release (here 0.5.23 with our API-key patch merged, labelled 0.5.24) is fetched from the
+    index, imported as a commit, the series classified (0002 `upstream`), and refresh writes
+    the pin (file, sha256 from the index, commit, version) and the shorter series; the
+    wheels then build from it."""
+    one = _builder(tmp_path / "one", "unused=unused")
+    series = one.data_dir / "forks/sglang/patches/sm120"
+    for patch in sorted(series.glob("0001-*.patch")):
+        patch.unlink()
+    packages = tmp_path / "index"
+    packages.mkdir()
+    shutil.copy(sglang_release, packages)
+    process, port = start_pypiserver(packages, tmp_path / "pypiserver.log")
+    try:
+        mirror = f"https://pypi.org/simple=http://127.0.0.1:{port}/simple"
+        one.mirror = mirror
+        only_0002 = json.loads(one.run("wheels", "--upstream", "sglang", "--json").stdout)
+        _as_release(Path(only_0002["upstreams"]["sglang"]["wheel"]["path"]), "0.5.24", packages)
+
+        builder = _builder(tmp_path / "two", mirror)
+        checked = builder.run("patches", "check", "--upstream", "sglang", "--onto", "0.5.24")
+        lines = checked.stdout + checked.stderr
+        assert "clean     0001-" in lines and "upstream  0002-" in lines, lines
+        builder.run("patches", "refresh", "--upstream", "sglang", "--onto", "0.5.24")
+        pin = tomllib.loads((builder.data_dir / "forks/sglang/pin.toml").read_text())
+        wanted = PIN["ref"].replace("-0.5.23-", "-0.5.24-")
+        assert pin["version"] == "0.5.24" and pin["ref"] == wanted
+        assert pin["sha256"] == hashlib.sha256((packages / wanted).read_bytes()).hexdigest()
+        moved = (builder.data_dir / "forks/sglang/patches/sm120").glob("*.patch")
+        kept = (REPO_ROOT / "forks/sglang/patches/sm120").glob("0001-*.patch")
+        assert [p.name for p in moved] == [p.name for p in kept]  # 0002 dropped: upstream
+        wheel = json.loads(builder.run("wheels", "--upstream", "sglang", "--json").stdout)
+        assert wheel["upstreams"]["sglang"]["upstream_commit"] == pin["commit"]
+        assert wheel["upstreams"]["sglang"]["wheel"]["version"].startswith("0.5.24+sm120.g")
+    finally:
+        process.terminate()
