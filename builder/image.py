@@ -345,7 +345,7 @@ def _labels(
 ) -> dict[str, str]:
     sglang = forks["sglang"]
     labels = {
-        "org.opencontainers.image.source": target.upstreams["sglang"].fork.url,
+        "org.opencontainers.image.source": redact(target.upstreams["sglang"].fork.url),
         "org.opencontainers.image.revision": sglang.fork_commit,
         "org.opencontainers.image.version": wheels["sglang"].version,
         "org.opencontainers.image.title": f"sglang {target.name}",

@@ -44,8 +44,10 @@ def build_manifest(
     for name, fork in forks.items():
         use = target.upstreams[name]
         upstreams[name] = {
+            "source": "release" if use.fork.release else "git",
             "url": redact(use.fork.url),
             "ref": use.fork.ref,
+            **({"release_sha256": use.fork.release.sha256} if use.fork.release else {}),
             "commit": fork.upstream_commit,
             "version": use.fork.version,
             "series": use.series,

@@ -20,11 +20,20 @@ from builder import launch, progress, registry
 from builder.errors import BuilderError
 from builder.identity import builder_identity
 from builder.patches import ForkResult
-from builder.target import Target
+from builder.target import Fork, Target
+from builder.urls import redact
 from builder.wheels import BuiltWheel, patched_lines
 
 RECIPE_PATH = "/opt/builder/recipe.json"
 SCHEMA_VERSION = 1
+
+
+def _made_from(fork: Fork) -> dict:
+    """What the upstream commit was made of: a git ref, or a released wheel by sha256."""
+    made = {"url": redact(fork.url), "ref": fork.ref}
+    if fork.release:
+        made["sha256"] = fork.release.sha256
+    return made
 
 
 def build_recipe(
@@ -44,6 +53,7 @@ def build_recipe(
         },
         "upstreams": {
             name: {
+                "made_from": _made_from(target.upstreams[name].fork),
                 "commit": fork.upstream_commit,
                 "fork_commit": fork.fork_commit,
                 "series_sha256": fork.series_sha256,

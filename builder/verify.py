@@ -47,6 +47,25 @@ def _label_check(labels: dict[str, str], recipe: dict) -> Check:
     return Check("labels", True, f"{len(expected)} labels agree with the recipe")
 
 
+def _made_from(recipe: dict) -> Check | None:
+    """What each wheel was made from, as the recipe records it (images before 0.5.23's
+    release-sourced pins have no record: nothing to say)."""
+    parts = []
+    for name, upstream in recipe["upstreams"].items():
+        made = upstream.get("made_from")
+        if not made:
+            return None
+        origin = f"{made['ref']} (sha256 {made['sha256'][:12]})" if "sha256" in made else (
+            f"{made['url']} {made['ref']}"
+        )
+        version = recipe["wheels"].get(name, {}).get("version", "?")
+        parts.append(
+            f"{name} {version} from {origin} at {upstream['commit'][:12]} "
+            f"+ {len(upstream['patches'])} patch(es)"
+        )
+    return Check("sources", True, "; ".join(parts))
+
+
 def _script_archive() -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -61,6 +80,9 @@ def verify(client: docker.DockerClient, reference: str) -> tuple[dict, list[Chec
     """(the image's recipe, one check per promise); pulls the image when it is not here."""
     recipe = image_recipe.from_image(client, reference)
     checks = [_label_check(client.images.get(reference).labels or {}, recipe)]
+    made = _made_from(recipe)
+    if made:
+        checks.append(made)
     container = client.containers.create(
         reference,
         [_IN_CONTAINER, image_recipe.RECIPE_PATH],

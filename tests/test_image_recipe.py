@@ -126,9 +126,13 @@ def test_verify_passes_on_the_image(built_image, docker_host, tmp_path) -> None:
     assert _reduced_runtime_gap(checks["pip check"]["detail"]), checks["pip check"]
     assert result.returncode == 1
     assert set(checks) == {
-        "labels", "wheel sglang", "wheel flashinfer", "wheel kernels", "patches sglang",
-        "patches flashinfer", "kernel wheel", "kernels load", "sbom", "pip check",
+        "labels", "sources", "wheel sglang", "wheel flashinfer", "wheel kernels",
+        "patches sglang", "patches flashinfer", "kernel wheel", "kernels load", "sbom",
+        "pip check",
     }  # fmt: skip
+    # What each wheel was made from: the pins' refs and the upstream commits.
+    assert "sglang 0.5.9+sm120.g" in checks["sources"]["detail"]
+    assert "refs/tags/v0.5.9 at " in checks["sources"]["detail"]
     text = bare_builder(tmp_path, docker_host, "verify", image["reference"], check=False).stdout
     assert len(text.strip().splitlines()) == len(checks) + 1  # one line per check, a verdict
 
