@@ -90,7 +90,7 @@ def test_gates_alone_move_unattended_and_refresh_builds(builder: Builder, histor
         "ref": "refs/tags/v0.6.16",
         "version": "0.6.16",
     }
-    pin = (builder.data_dir / "forks/flashinfer/pin.toml").read_text()
+    pin = (builder.data_dir / "forks/flashinfer-0.6.3/pin.toml").read_text()
     assert f'commit = "{history[1]["0.6.16"]}"' in pin and 'version = "0.6.16"' in pin
     assert len(list((builder.data_dir / SERIES).glob("*.patch"))) == 2
 
