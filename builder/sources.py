@@ -93,7 +93,7 @@ def _has_commit(repo: pygit2.Repository, commit: str) -> bool:
 
 def _fetch(repo: pygit2.Repository, url: str, refspecs: list[str], shallow: bool, what: str):
     remote = repo.remotes.create_anonymous(url)
-    with progress.task(f"fetch {url}") as bar:
+    with progress.task(f"fetch {redact(url)}") as bar:
         callbacks = _FetchProgress(bar)
         try:
             if shallow:
@@ -129,16 +129,18 @@ def ensure_commit(
         _fetch(repo, effective, [f"+{ref}:{ref}"], shallow=True, what=what)
         fetched = repo.references.get(ref)
         if fetched is None:
-            raise BuilderError(f"{what}: {effective} has no ref {ref}")
+            raise BuilderError(f"{what}: {redact(effective)} has no ref {ref}")
         tip = str(fetched.peel(pygit2.Commit).id)
         if tip != commit:
             raise BuilderError(
-                f"{what}: {ref} at {effective} is commit {tip}, the pin says {commit}"
+                f"{what}: {ref} at {redact(effective)} is commit {tip}, the pin says {commit}"
             )
     else:
         _fetch(repo, effective, ALL_REFS, shallow=False, what=what)
     if not _has_commit(repo, commit):
-        raise BuilderError(f"{what}: commit {commit} is not on any branch or tag of {effective}")
+        raise BuilderError(
+            f"{what}: commit {commit} is not on any branch or tag of {redact(effective)}"
+        )
     return path
 
 
@@ -157,7 +159,7 @@ def fetch_ref(cache_dir: Path, url: str, ref: str, mirrors: Mirrors, what: str) 
         _fetch(repo, effective, ALL_REFS, shallow=False, what=what)
         if _has_commit(repo, ref):
             return ref, ref
-    raise BuilderError(f"--onto {ref}: no such tag, branch or commit at {effective}")
+    raise BuilderError(f"--onto {ref}: no such tag, branch or commit at {redact(effective)}")
 
 
 def open_workdir(path: Path, mirror: Path) -> pygit2.Repository:

@@ -102,3 +102,18 @@ def test_an_index_token_in_a_build_arg_is_refused_before_anything_runs(builder) 
     assert "t0ps3cret" not in result.stderr + result.stdout
     assert "base image" not in result.stderr  # never a hint to bake a secret into an image
     assert not builder.wheelhouse.exists()
+
+
+def test_a_mirror_token_never_reaches_the_output(builder) -> None:
+    """A fetch through a mirror whose URL carries a token (here one that refuses the
+    connection): neither the live progress line (shown as on a terminal) nor the error
+    shows the token."""
+    secret = "ghp_s3cr3tT0ken"
+    result = builder.run(
+        "sources", "--upstream", "sglang",
+        "--mirror", f"https://github.com/sgl-project/=https://ci:{secret}@127.0.0.1:9/",
+        check=False, env={"TTY_COMPATIBLE": "1"},
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "127.0.0.1:9" in result.stderr  # the URL is named, redacted
+    assert secret not in result.stdout + result.stderr
