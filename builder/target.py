@@ -218,7 +218,7 @@ def load_fork(data_dir: Path, name: str) -> Fork:
             project_dir=build.get("project_dir", str, ""),
             version_env=build.get("version_env", str, "" if release else ...),
             version_env_value=env_value,
-            clean=build.strings("clean", []),
+            clean=tuple(_relative_path(build, "clean", c) for c in build.strings("clean", [])),
             must_contain=build.strings("must_contain", []),
             write_files=_write_files(build),
             env=_backend_env(build),

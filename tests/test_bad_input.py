@@ -234,12 +234,17 @@ def test_patch_that_breaks_python_syntax_never_reaches_the_wheelhouse(builder: B
         ),
         (
             ["wait-ready", "http://127.0.0.1:1", "--deadline", "-1"],
-            "--deadline -1: must be 0 or more",
+            "--deadline -1: must be a number of minutes, 0 or more",
         ),
-        (["wait-ready", "http://127.0.0.1:1", "--poll", "0"], "--poll 0: must be more than 0"),
+        (
+            ["wait-ready", "http://127.0.0.1:1", "--deadline", "nan"],
+            "--deadline nan: must be a number of minutes, 0 or more",
+        ),
+        (["wait-ready", "http://127.0.0.1:1", "--poll", "0"], "--poll 0: must be a number of seconds above 0"),
+        (["wait-ready", "http://127.0.0.1:1", "--poll", "inf"], "--poll inf: must be a number of seconds above 0"),
         (
             ["wait-ready", "http://127.0.0.1:1", "--stall-minutes", "-2"],
-            "--stall-minutes -2: must be 0 or more",
+            "--stall-minutes -2: must be a number of minutes, 0 or more",
         ),
         (["wait-ready", "http://127.0.0.1:1/health"], "give the server root"),
         (

@@ -52,3 +52,14 @@ def test_a_bad_extends_is_one_line_naming_the_file(tmp_path: Path, extends, mess
     toml.write_text(toml.read_text().replace('extends = "sm120"', f"extends = {extends}"))
     with pytest.raises(BuilderError, match=re.escape(message)):
         load_target(data, "sm90")
+
+
+@pytest.mark.parametrize("path", ["/some/dir", "../outside", "build/../../x"])
+def test_a_clean_path_outside_the_source_export_is_refused(tmp_path: Path, path: str) -> None:
+    """pin.toml build.clean deletes folders of the export: never anything outside it."""
+    for folder in ("images", "forks"):
+        shutil.copytree(REPO_ROOT / folder, tmp_path / folder)
+    pin = tmp_path / "forks/flashinfer/pin.toml"
+    pin.write_text(pin.read_text().replace('clean = ["build",', f'clean = ["{path}", "build",'))
+    with pytest.raises(BuilderError, match=rf"field 'build.clean' is '{re.escape(path)}'"):
+        load_target(tmp_path, "sm120")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -205,10 +206,10 @@ def _compiled_line(compiled: list[str], container: str) -> str:
 def cmd_wait_ready(args: argparse.Namespace) -> None:
     validate.server_url("wait-ready URL", args.url)
     for flag, value in (("--deadline", args.deadline), ("--stall-minutes", args.stall_minutes)):
-        if value is not None and value < 0:
-            raise BuilderError(f"{flag} {value:g}: must be 0 or more (minutes)")
-    if args.poll <= 0:
-        raise BuilderError(f"--poll {args.poll:g}: must be more than 0 (seconds)")
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise BuilderError(f"{flag} {value:g}: must be a number of minutes, 0 or more")
+    if not (math.isfinite(args.poll) and args.poll > 0):
+        raise BuilderError(f"--poll {args.poll:g}: must be a number of seconds above 0")
     if args.image:
         validate.image_reference("--image", args.image)
     expect: dict = {}
