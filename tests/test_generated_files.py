@@ -5,11 +5,14 @@ INI dialect systemd reads), and the printed docker run (`shlex.split`, as a shel
 from __future__ import annotations
 
 import configparser
+import dataclasses
 import shlex
 
+import pytest
 import yaml
 
 from builder import launch
+from builder.errors import BuilderError
 from tests.conftest import REPO_ROOT
 
 TARGET = REPO_ROOT / "images/sm120-0.5.9/target.toml"
@@ -63,3 +66,23 @@ def test_systemd_unit_reads_back_with_the_directory_as_given() -> None:
     assert service["ExecStart"].split()[:3] == ["/usr/bin/docker", "compose", "up"]
     assert service["Restart"] == "on-failure"
     assert unit["Unit"]["StartLimitBurst"] == "5"
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"profile": "x/../../../../escape/evil"}, "profile name"),
+        ({"profile": "p\nExecStartPre=/bin/sh -c id"}, "profile name"),
+        ({"container_name": "glm5\n    privileged: true"}, "container name"),
+        ({"image": "reg.example/x:y\n    pid: host"}, "not an image reference"),
+        ({"shm_size": "32g\n    privileged: true"}, "shm size"),
+        ({"env": {"A\n    privileged": "true"}}, "env key"),
+    ],
+)
+def test_injected_values_never_reach_a_generated_file(change: dict, named: str) -> None:
+    """Values from the command line, a manifest or a pulled image's recipe that would add
+    lines to compose.yaml or the unit, or put the unit outside --out, are refused."""
+    recipe = dataclasses.replace(_recipe(), **change)
+    for write in (launch.compose_file, lambda r: launch.systemd_unit(r, "/srv/deploy")):
+        with pytest.raises(BuilderError, match=named):
+            write(recipe)
