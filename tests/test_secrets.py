@@ -117,3 +117,44 @@ def test_a_mirror_token_never_reaches_the_output(builder) -> None:
     assert result.returncode == 1
     assert "127.0.0.1:9" in result.stderr  # the URL is named, redacted
     assert secret not in result.stdout + result.stderr
+
+
+def test_the_api_key_is_never_sent_across_a_redirect() -> None:
+    """wait-ready asks the server it was given: a 302 to another host is its answer (not
+    ready), and the other host never sees the request, let alone the key."""
+    import http.server
+    import threading
+
+    from builder import readiness
+
+    seen: list[dict] = []
+
+    class Elsewhere(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(dict(self.headers))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args) -> None:
+            pass
+
+    other = http.server.HTTPServer(("127.0.0.1", 0), Elsewhere)
+
+    class Redirecting(Elsewhere):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{other.server_port}/server_info")
+            self.end_headers()
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Redirecting)
+    for each in (other, server):
+        threading.Thread(target=each.serve_forever, daemon=True).start()
+    try:
+        status, _ = readiness._get(
+            f"http://127.0.0.1:{server.server_port}/server_info", 5, api_key="sk-s3cret"
+        )
+    finally:
+        server.shutdown()
+        other.shutdown()
+    assert status == 302 and seen == []
