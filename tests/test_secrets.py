@@ -158,3 +158,17 @@ def test_the_api_key_is_never_sent_across_a_redirect() -> None:
         server.shutdown()
         other.shutdown()
     assert status == 302 and seen == []
+
+
+def test_an_index_token_in_a_requirements_file_is_refused_like_the_flag(builder, tmp_path) -> None:
+    """--runtime-requirements is copied into the image: its option lines are checked too."""
+    requirements = tmp_path / "runtime.txt"
+    requirements.write_text(
+        "--extra-index-url https://ci:t0ps3cret@pypi.internal/simple\ntorch==2.9.1\n"
+    )
+    result = builder.run("image", "--runtime-requirements", str(requirements), check=False)
+    assert result.returncode == 1
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: {requirements}:1: https://pypi.internal/simple")
+    assert "t0ps3cret" not in result.stderr + result.stdout
+    assert not builder.wheelhouse.exists()

@@ -127,7 +127,14 @@ def _image_options(args: argparse.Namespace, ctx: pipeline.Context) -> image.Ima
     if requirements and not requirements.is_file():
         raise BuilderError(f"--runtime-requirements {requirements}: no such file")
     if requirements:
-        lock.refuse_excluded(lock.parse(requirements), target.image.exclude_requirements)
+        listed = lock.parse(requirements)
+        lock.refuse_excluded(listed, target.image.exclude_requirements)
+        # The file is copied into the image: an index URL with a token in it is refused
+        # exactly like the same URL given as --pip-extra-index-url.
+        for number, line in lock.requirement_lines(listed.text):
+            for word in line.replace("=", " ").split():
+                if "://" in word:
+                    provenance.refuse_credentials_in_build_args(f"{requirements}:{number}:", word)
     modules = (
         tuple(m.strip() for m in args.jit_modules.split(";") if m.strip())
         if args.jit_modules is not None
