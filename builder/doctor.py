@@ -227,10 +227,15 @@ def check_image(reference: str, present: bool) -> Finding:
     )
 
 
-def run_command(command: list[str]) -> str | None:
+def run_command(command: list[str], timeout_s: float = 60) -> str | None:
+    """The command's output, or None when it is missing, fails or hangs (a GPU that has
+    fallen off the bus makes nvidia-smi hang: that is a finding, not a crash)."""
     if not shutil.which(command[0]):
         return None
-    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
     return result.stdout if result.returncode == 0 else None
 
 

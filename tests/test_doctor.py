@@ -123,3 +123,12 @@ def test_cuda_13_needs_a_580_driver() -> None:
         Version(gpus[0].driver) >= Version("580.65.06")
     )
     assert not doctor.check_driver(_gpus("rtx-pro-6000-x8-old-driver"), Version("13.0.1")).ok
+
+
+def test_a_hanging_nvidia_smi_is_a_finding_not_a_crash(tmp_path, monkeypatch) -> None:
+    """A GPU that fell off the bus makes nvidia-smi hang: doctor reports it and goes on."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nsleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    assert doctor.run_command(["nvidia-smi", "-L"], timeout_s=0.5) is None
