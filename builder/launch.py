@@ -168,6 +168,11 @@ def _flatten(profiles: dict[str, dict], name: str, path: Path | str, seen: tuple
     return merged
 
 
+def flattened(known: Profiles, name: str) -> dict:
+    """One profile with what it inherits (`extends`), as written (params not filled in)."""
+    return _flatten(known.profiles, name, known.where)
+
+
 def _substitute(value: Any, params: dict[str, str], where: str, path: Path | str) -> Any:
     if not isinstance(value, str):
         return value

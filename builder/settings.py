@@ -54,7 +54,9 @@ def resolve_data_dir(flag: str | None) -> Path:
         if _is_data_dir(candidate):
             return candidate
     raise BuilderError(
-        f"no builder data directory found (images/ and forks/); pass --data-dir or set {DATA_ENV}"
+        f"no builder data directory found (images/ and forks/); pass --data-dir or set "
+        f"{DATA_ENV}, or on a GPU VM without a checkout give --image REF (launch, "
+        "deploy-files, doctor and wait-ready read the image's own recipe)"
     )
 
 

@@ -359,3 +359,22 @@ def test_a_crashed_or_stalled_server_from_the_recipe(
         assert json.loads(verdict.stdout)["state"] == state
     finally:
         docker_client.containers.get(name).remove(force=True)
+
+
+def test_doctor_on_a_vm_needs_only_the_image(built_image, docker_host, tmp_path) -> None:
+    """`doctor --image REF` reads target, arch, CUDA and profile from the image's recipe: it
+    runs where the data directory is unusable (here: an empty folder), and reports findings
+    (no GPU on this machine: the GPU checks fail, each with a fix) instead of an error."""
+    _, image, _ = built_image
+    empty = tmp_path / "no-checkout"
+    empty.mkdir()
+    env = {**os.environ, "DOCKER_HOST": docker_host, "BUILDER_DATA_DIR": str(empty),
+           "BUILDER_CONFIG": "/nonexistent", **REGISTRY_ENV}  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "builder.cli", "doctor", "--image", image["reference"], "--json"],
+        capture_output=True, text=True, cwd=empty, env=env,
+    )  # fmt: skip
+    assert "data directory" not in result.stderr, result.stderr
+    findings = {f["check"]: f for f in json.loads(result.stdout)}
+    assert "shm" in findings and ("gpus" in findings or "gpu count" in findings)
+    assert findings["image"]["ok"], findings["image"]

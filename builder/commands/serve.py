@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 from docker.errors import APIError, ImageNotFound, NotFound
+from packaging.version import Version
 
 from builder import (
     docker_client,
@@ -264,13 +265,19 @@ def cmd_verify(args: argparse.Namespace) -> None:
 def cmd_doctor(args: argparse.Namespace) -> None:
     if args.image:
         validate.image_reference("--image", args.image)
-    data_dir = resolve_data_dir(args.data_dir)
-    target = load_target(data_dir, args.target)
-    recipe = launch.resolve(target.file, args.profile, args.image or "-", launch.Overrides())
-    profiles, _ = launch.load_profiles(target.file)
-    profile = profiles[recipe.profile]
+        # On a VM: everything from the image's recipe, no checkout needed.
+        built = image_recipe.from_image(docker_client.connect(), args.image)
+        known = image_recipe.profiles_of(built, args.image)
+        cuda_version = Version(built["target"]["cuda_version"])
+        arch_list = built["target"]["arch_list"]
+    else:
+        target = load_target(resolve_data_dir(args.data_dir), args.target)
+        known = launch.Profiles.of(target.file)
+        cuda_version, arch_list = target.cuda_version, target.arch_list
+    recipe = launch.resolve(known, args.profile, args.image or "-", launch.Overrides())
+    profile = launch.flattened(known, recipe.profile)
     tp = _tp_size(recipe.args)
-    compute_cap = target.arch_list[0].rstrip("af")
+    compute_cap = arch_list[0].rstrip("af")
 
     gpu_text = doctor.run_command(doctor.GPU_QUERY)
     findings = []
@@ -287,7 +294,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         gpus = doctor.parse_gpus(gpu_text)
         memory = float(profile.get("min_gpu_memory_gib", 0))
         findings += doctor.check_gpus(gpus, compute_cap, tp, memory)
-        findings.append(doctor.check_driver(gpus, target.cuda_version))
+        findings.append(doctor.check_driver(gpus, cuda_version))
         topo = doctor.run_command(["nvidia-smi", "topo", "-m"])
         if topo:
             findings.append(doctor.check_topology(doctor.parse_topology(topo)))
