@@ -14,7 +14,7 @@ prints that module's compiler output. Each result is proved (its .so, its GPU co
 by cuobjdump, ninja has no work left) and written to --inventory; with --out, every
 module's .so and an entry for each newly compiled module go there too.
 
-    FLASHINFER_CUDA_ARCH_LIST=12.0a python jit_warmup.py --modules '["a:gen_x", "b:gen_y(1)"]' \
+    FLASHINFER_CUDA_ARCH_LIST=12.0f python jit_warmup.py --modules '["a:gen_x", "b:gen_y(1)"]' \
         --entries /in --out /out --inventory /out/inventory.json
 
 --plan only decides (reuse or compile, and why). --check runs where the kernel wheel is
@@ -38,6 +38,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -148,20 +149,45 @@ def cuobjdump_path() -> str:
 
 
 def elf_arches(library: Path) -> list[str]:
-    """The sm_XX code in a module; [] for a module with no device code at all."""
-    result = subprocess.run(
-        [cuobjdump_path(), "--list-elf", str(library)], capture_output=True, text=True
-    )
+    """The GPU code in a module, one name per arch (sm_90a, sm_120f); [] for a module with no
+    device code at all. `cuobjdump --list-elf` names a family-specific cubin (code=sm_120f,
+    what CUDA >= 12.9 builds for SM120) after its base arch (sm_120); the arch ptxas built
+    it for is in the cubin's tool note (`-arch sm_120f`), so those cubins are read."""
+    cuobjdump = cuobjdump_path()
+    result = subprocess.run([cuobjdump, "--list-elf", str(library)], capture_output=True, text=True)
     if result.returncode:
         if "does not contain device code" in result.stderr + result.stdout:
             return []
         fail(f"cuobjdump --list-elf {library} failed: {result.stderr.strip()}")
-    arches = set()
+    listed = set()
     for line in result.stdout.splitlines():
         for part in line.replace(".", " ").split():
             if part.startswith("sm_"):
-                arches.add(part)
+                listed.add(part)
+    bare = sorted(arch for arch in listed if arch[-1].isdigit())
+    if not bare:
+        return sorted(listed)
+    arches = listed - set(bare)
+    with tempfile.TemporaryDirectory(prefix="jit-warmup-elf-") as tmp:
+        for arch in bare:
+            extracted = subprocess.run(
+                [cuobjdump, "-xelf", f".{arch}.cubin", str(library.resolve())],
+                cwd=tmp, capture_output=True, text=True,
+            )  # fmt: skip
+            if extracted.returncode:
+                fail(f"cuobjdump -xelf {library} failed: {extracted.stderr.strip()}")
+            cubins = sorted(Path(tmp).glob(f"*.{arch}.cubin"))
+            for cubin in cubins:
+                note = _TOOL_ARCH.search(cubin.read_bytes())
+                arches.add(note.group(1).decode() if note else arch)
+                cubin.unlink()
+            if not cubins:
+                arches.add(arch)
     return sorted(arches)
+
+
+# ptxas's command line, kept in every cubin's .note.nv.tkinfo: "-arch sm_120f -m 64".
+_TOOL_ARCH = re.compile(rb"-arch (sm_[0-9]+[af]?)(?![0-9A-Za-z])")
 
 
 def nvcc_version() -> str:
@@ -443,26 +469,41 @@ def compile_all(specs: dict, jobs: int) -> dict[str, float]:
     return seconds
 
 
-def check_installed(names: list[str], wanted: list[str], inventory: Path) -> None:
-    """Every module loads from FlashInfer's AOT folder (the kernel wheel), never compiled:
-    present, byte for byte what was built, with GPU code for every arch."""
-    os.environ["FLASHINFER_DISABLE_JIT"] = "1"
-    from flashinfer.jit import env as jit_env
+def kernel_wheel_dir() -> Path:
+    """The installed kernel wheel's package folder (its jit_cache/ and inventory.json)."""
+    import importlib.util
 
-    aot = Path(jit_env.FLASHINFER_AOT_DIR)
+    found = importlib.util.find_spec("flashinfer_jit_cache")
+    if found is None or not found.origin:
+        fail("no kernel wheel: the flashinfer_jit_cache package is not installed")
+    return Path(found.origin).parent
+
+
+def check_installed(names: list[str], wanted: list[str], inventory: Path) -> None:
+    """Every module loads from the kernel wheel's AOT folder, never compiled: present, byte
+    for byte what was built, with GPU code for every arch. FlashInfer 0.6.x reads that folder
+    from get_jit_cache_dir(); 0.7.x from the providers get_jit_cache_providers() returns
+    (flashinfer/jit/env.py): either way the module's aot_path must be the wheel's file."""
+    os.environ["FLASHINFER_DISABLE_JIT"] = "1"
+    package = kernel_wheel_dir()
+    aot = package / "jit_cache"
     try:
-        built = json.loads((aot.parent / "inventory.json").read_text())
+        built = json.loads((package / "inventory.json").read_text())
     except OSError:
-        fail(f"no kernel wheel: {aot.parent / 'inventory.json'} is missing")
+        fail(f"no kernel wheel: {package / 'inventory.json'} is missing")
     recorded = {module["name"]: module for module in built["modules"]}
     for name in names:
         spec = load_spec(name)
+        expected = aot / spec.name / f"{spec.name}.so"
         if not spec.is_aot:
-            fail(f"{name}: {spec.aot_path} is missing: the kernel wheel lacks {spec.name}")
+            fail(f"{name}: {expected} is not loaded by FlashInfer: the kernel wheel lacks "
+                 f"{spec.name}, or this FlashInfer does not read the wheel")  # fmt: skip
+        if Path(spec.aot_path).resolve() != expected.resolve():
+            fail(f"{name}: FlashInfer loads {spec.aot_path}, not the kernel wheel's {expected}")
         entry = recorded.get(spec.name)
-        if entry is None or sha256(spec.aot_path) != entry["sha256"]:
-            fail(f"{name}: {spec.aot_path} is not the module the kernel wheel records")
-        library_record(name, spec.name, spec.aot_path, wanted,
+        if entry is None or sha256(expected) != entry["sha256"]:
+            fail(f"{name}: {expected} is not the module the kernel wheel records")
+        library_record(name, spec.name, expected, wanted,
                        expects_device_code=has_device_code(spec))  # fmt: skip
     inventory.parent.mkdir(parents=True, exist_ok=True)
     inventory.write_text(json.dumps({**built, "aot_dir": str(aot)}, indent=2) + "\n")
