@@ -13,6 +13,7 @@ Run as a script to build the repositories once by hand (e.g. to write patches):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -83,18 +84,10 @@ FLASHINFER = Snapshot(
 
 
 # Target sm120's flashinfer (0.7.2): its sdist vendors cccl as well.
-FLASHINFER_CURRENT = Snapshot(
-    owner="flashinfer-ai",
-    name="flashinfer",
-    dist="flashinfer-python",
+FLASHINFER_CURRENT = dataclasses.replace(
+    FLASHINFER,
     version="0.7.2",
-    sdist_root_in_git="",
-    generated_files=("flashinfer/_build_meta.py",),
-    submodules=(
-        ("3rdparty/cutlass", "NVIDIA", "cutlass"),
-        ("3rdparty/spdlog", "gabime", "spdlog"),
-        ("3rdparty/cccl", "NVIDIA", "cccl"),
-    ),
+    submodules=(*FLASHINFER.submodules, ("3rdparty/cccl", "NVIDIA", "cccl")),
 )
 
 
