@@ -73,14 +73,16 @@ def flashinfer_upstream(tmp_path_factory) -> tuple[str, str]:
     return f"https://github.com/=file://{root}/", commit
 
 
-def _profiles() -> list[str]:
-    profiles, _ = launch.load_profiles(REPO_ROOT / "images" / TARGET / "target.toml")
+def _profiles(target: str = TARGET) -> list[str]:
+    profiles, _ = launch.load_profiles(REPO_ROOT / "images" / target / "target.toml")
     return list(profiles)
 
 
-@pytest.mark.parametrize("profile", _profiles())
+@pytest.mark.parametrize(
+    ("target", "profile"), [(t, p) for t in (TARGET, "sm90") for p in _profiles(t)]
+)
 def test_every_flag_a_profile_renders_is_an_option_of_sglang_0_5_23(
-    sglang_source: Path, profile: str
+    sglang_source: Path, target: str, profile: str
 ) -> None:
     """Read from the real 0.5.23 parser definition (no abbreviations: `--tp` only works
     because argparse takes prefixes); values must be among the option's choices, and
@@ -88,7 +90,7 @@ def test_every_flag_a_profile_renders_is_an_option_of_sglang_0_5_23(
     options = sglang_flags.server_flags(sglang_source)
     assert "--dsa-prefill-backend" in options and "--nsa-prefill-backend" not in options
     recipe = launch.resolve(
-        REPO_ROOT / "images" / TARGET / "target.toml", profile, "i@sha256:" + "0" * 64,
+        REPO_ROOT / "images" / target / "target.toml", profile, "i@sha256:" + "0" * 64,
         launch.Overrides(),
     )  # fmt: skip
     args = list(recipe.args)
