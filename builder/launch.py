@@ -56,6 +56,7 @@ class Recipe:
     ready_deadline_minutes: int
     experimental: bool
     warning: str
+    params: tuple[tuple[str, str], ...] = ()  # the --set overrides this recipe was made with
 
     def docker_run(self, detach: bool = True) -> list[str]:
         command = ["docker", "run"]
@@ -93,6 +94,16 @@ class Recipe:
         local = "127.0.0.1" if self.bind in ("0.0.0.0", "::") else self.bind
         return f"http://{f'[{local}]' if ':' in local else local}:{self.port}"
 
+    def wait_ready_command(self) -> str:
+        """The readiness check of exactly this recipe: its profile, params and image."""
+        words = ["builder", "wait-ready", self.url, "--container", self.container_name,
+                 "--profile", self.profile]  # fmt: skip
+        if self.image not in ("-", "") and "@sha256:" + "0" * 64 not in self.image:
+            words += ["--image", self.image]
+        for key, value in self.params:
+            words += ["--set", f"{key}={value}"]
+        return " ".join(shlex.quote(word) for word in words)
+
     def to_json(self) -> dict:
         return {
             "profile": self.profile,
@@ -114,7 +125,7 @@ class Recipe:
                 "stages": ["port", "/health", "/health_generate", "/server_info"],
                 "deadline_minutes": self.ready_deadline_minutes,
                 "expect": self.expect,
-                "command": f"builder wait-ready {self.url} --container {self.container_name}",
+                "command": self.wait_ready_command(),
             },
         }
 
@@ -254,6 +265,7 @@ def resolve(
         ready_deadline_minutes=int(profile.get("ready_deadline_minutes", 20)),
         experimental=bool(profile.get("experimental", False)),
         warning=profile.get("warning", ""),
+        params=overrides.params,
     )
 
 

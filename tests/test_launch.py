@@ -174,3 +174,52 @@ def test_bind_opens_the_port_and_a_bad_address_is_refused() -> None:
     assert '"127.0.0.1:30000:30000"' in default
     with pytest.raises(BuilderError, match=r"--bind example\.com: not an IP address"):
         launch.resolve(TARGET, None, IMAGE, launch.Overrides(bind="example.com"))
+
+
+def test_the_printed_readiness_check_is_this_recipe_s_own() -> None:
+    """launch, deploy-files and compose tell the user to run a wait-ready that checks this
+    profile with these params against this image, not an empty expectation."""
+    recipe = launch.resolve(
+        TARGET, "glm5-nvfp4-tp8-fusion", IMAGE,
+        launch.Overrides(params=(("kv_cache_dtype", "bf16"),), container_name="glm5"),
+    )  # fmt: skip
+    command = recipe.to_json()["readiness"]["command"]
+    assert command == (
+        "builder wait-ready http://127.0.0.1:30000 --container glm5 "
+        f"--profile glm5-nvfp4-tp8-fusion --image {IMAGE} --set kv_cache_dtype=bf16"
+    )
+    assert f"# Ready when: {command}" in launch.compose_file(recipe)
+
+
+def test_wait_ready_takes_set_like_launch(builder: Builder, tmp_path) -> None:
+    """The stand-in server (no GPU here) runs on loopback and reports bf16 KV: with the
+    profile's default (bfloat16 written out) that is a mismatch, exit 5; with `--set
+    kv_cache_dtype=bf16`, as the server was launched, it is ready, exit 0."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.services import free_port, wait_for
+
+    info = {"moe_runner_backend": "flashinfer_cutlass", "attention_backend": "flashinfer",
+            "quantization": "modelopt_fp4", "tp_size": 8, "kv_cache_dtype": "bf16"}  # fmt: skip
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "tests/standin_sglang.py"), str(port)],
+        env={**os.environ, "SERVER_INFO": json.dumps(info), "STARTUP_SECONDS": "0"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        from tests.services import port_open
+
+        wait_for(lambda: port_open(port), 10, "stand-in server")
+        url = f"http://127.0.0.1:{port}"
+        plain = builder.run("wait-ready", url, "--profile", "glm5-nvfp4-tp8", "--deadline", "0.5", "--poll", "0.2",
+                            check=False)  # fmt: skip
+        assert plain.returncode == 5, plain.stderr
+        assert "kv_cache_dtype=bf16 (asked for bfloat16)" in plain.stderr + plain.stdout
+        matched = builder.run("wait-ready", url, "--profile", "glm5-nvfp4-tp8", "--set",
+                              "kv_cache_dtype=bf16", "--deadline", "0.5", "--poll", "0.2", check=False)  # fmt: skip
+        assert matched.returncode == 0, matched.stderr
+    finally:
+        server.terminate()

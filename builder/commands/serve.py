@@ -42,6 +42,16 @@ from builder.target import load_target
 STALL_MINUTES = 10.0
 
 
+def _key_values(flag: str, items: list[str]) -> list[tuple[str, str]]:
+    pairs = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BuilderError(f"{flag} {item}: expected KEY=VALUE")
+        pairs.append((key, value))
+    return pairs
+
+
 def _recipe(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
     """The resolved launch recipe and where it came from (an image's recipe or a manifest)."""
     launch.bind_address(args.bind)  # before looking for a manifest
@@ -49,12 +59,7 @@ def _recipe(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
         raise BuilderError("--image and --manifest: give one (the image carries its recipe)")
     if args.image:
         validate.image_reference("--image", args.image)
-    params = []
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise BuilderError(f"--set {item}: expected KEY=VALUE")
-        params.append((key, value))
+    params = _key_values("--set", args.set)
     key_file = None
     if args.api_key_file:
         read_api_key(args.api_key_file)  # exists, readable, not empty: checked, not kept
@@ -154,7 +159,7 @@ def cmd_deploy_files(args: argparse.Namespace) -> None:
         f"wrote {unit}",
         f"on the VM: cp {unit.name} /etc/systemd/system/ && systemctl daemon-reload && "
         f"systemctl enable --now {unit.stem}",
-        f"then: builder wait-ready {recipe.url} --container {recipe.container_name}",
+        f"then: {recipe.wait_ready_command()}",
     ]
     emit(args, result, lines)
 
@@ -218,6 +223,9 @@ def cmd_wait_ready(args: argparse.Namespace) -> None:
         validate.image_reference("--image", args.image)
     expect: dict = {}
     deadline = args.deadline
+    params = tuple(_key_values("--set", args.set))
+    if params and not (args.profile or args.image):
+        raise BuilderError("--set: give --profile or --image (the profile whose params it sets)")
     if args.profile or args.image:
         if args.image:
             source = image_recipe.profiles_of(
@@ -225,7 +233,7 @@ def cmd_wait_ready(args: argparse.Namespace) -> None:
             )
         else:
             source = load_target(resolve_data_dir(args.data_dir), args.target).file
-        recipe = launch.resolve(source, args.profile, "-", launch.Overrides())
+        recipe = launch.resolve(source, args.profile, "-", launch.Overrides(params=params))
         expect = dict(recipe.expect)
         if deadline is None:
             deadline = recipe.ready_deadline_minutes
@@ -468,6 +476,14 @@ def register(sub) -> None:
         f"(default: {STALL_MINUTES:g})",
     )
     wait.add_argument("--profile", help="take the expected backends and deadline from a profile")
+    wait.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a profile param, as given to `launch --set` (repeatable), e.g. "
+        "--set kv_cache_dtype=bfloat16",
+    )
     wait.add_argument(
         "--api-key-file",
         metavar="FILE",
