@@ -70,7 +70,9 @@ class SharedKernels:
             return None
         reference = f"{self.repository}:{lookup}"
         try:
-            self.client.images.pull(self.repository, tag=lookup, auth_config=registry.auth())
+            self.client.images.pull(
+                self.repository, tag=lookup, auth_config=registry.auth(self.repository)
+            )
         except NotFound:
             return None
         except (APIError, RequestException) as exc:

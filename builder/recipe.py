@@ -93,7 +93,7 @@ def _ensure_image(client: docker.DockerClient, reference: str) -> None:
     except ImageNotFound:
         try:
             with progress.task(f"pull {reference}"):
-                client.images.pull(reference, auth_config=registry.auth())
+                client.images.pull(reference, auth_config=registry.auth(reference))
         except (APIError, NotFound) as exc:
             reason = str(getattr(exc, "explanation", None) or exc).strip().splitlines()[0]
             raise BuilderError(

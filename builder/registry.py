@@ -1,7 +1,8 @@
 """Stage 5a: push the image with the Docker SDK and read its digest from the push stream.
 
 Credentials come from the Docker config (`docker login`), or from BUILDER_REGISTRY_USERNAME
-and BUILDER_REGISTRY_PASSWORD; they are passed to the engine and never printed or stored.
+and BUILDER_REGISTRY_PASSWORD for the one registry BUILDER_REGISTRY_HOST names; they are
+passed to the engine for that registry only, and never printed or stored.
 A failed push removes the registry tag it created, so nothing claims to be pushed.
 """
 
@@ -19,12 +20,33 @@ from builder.errors import BuilderError
 
 USERNAME_ENV = "BUILDER_REGISTRY_USERNAME"
 PASSWORD_ENV = "BUILDER_REGISTRY_PASSWORD"
+HOST_ENV = "BUILDER_REGISTRY_HOST"  # the registry those credentials are for
 
 
-def auth() -> dict | None:
-    """Registry credentials from the environment for the engine (None: the Docker config)."""
+def registry_host(reference: str) -> str:
+    """The registry a reference names (`docker.io` when its first part is no host)."""
+    first, sep, _ = reference.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
+def auth(reference: str) -> dict | None:
+    """Credentials from the environment for `reference`'s registry, and only that one
+    (BUILDER_REGISTRY_HOST: `host` for any port, or `host:port`); None: the Docker config's
+    own, per registry, as `docker login` stored them."""
     username, password = os.environ.get(USERNAME_ENV), os.environ.get(PASSWORD_ENV)
-    if username and password:
+    if not (username and password):
+        return None
+    allowed = os.environ.get(HOST_ENV, "").strip()
+    if not allowed:
+        progress.warn(
+            f"{USERNAME_ENV}/{PASSWORD_ENV} are set without {HOST_ENV}: sent to no registry "
+            f"(set {HOST_ENV} to the registry host they are for)"
+        )
+        return None
+    host = registry_host(reference)
+    if host == allowed or (":" not in allowed and host.split(":")[0] == allowed):
         return {"username": username, "password": password}
     return None
 
@@ -46,7 +68,7 @@ def push(client: docker.DockerClient, local_reference: str, repository: str) -> 
     try:
         with progress.task(f"push {repository}:{tag}"):
             for chunk in client.images.push(
-                repository, tag=tag, stream=True, decode=True, auth_config=auth()
+                repository, tag=tag, stream=True, decode=True, auth_config=auth(repository)
             ):
                 if "error" in chunk or "errorDetail" in chunk:
                     error = chunk.get("error") or chunk["errorDetail"].get("message", "")
@@ -62,7 +84,10 @@ def push(client: docker.DockerClient, local_reference: str, repository: str) -> 
         reason = _redact(error or "the registry reported no digest")
         hint = ""
         if re.search(r"unauthorized|authentication required|denied", reason, re.I):
-            hint = f" (log in with `docker login`, or set {USERNAME_ENV}/{PASSWORD_ENV})"
+            hint = (
+                f" (log in with `docker login`, or set {USERNAME_ENV}/{PASSWORD_ENV} and "
+                f"{HOST_ENV}={registry_host(repository)})"
+            )
         raise BuilderError(f"push to {repository} failed: {reason.strip()}{hint}")
     return {
         "repository": repository,

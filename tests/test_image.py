@@ -29,6 +29,7 @@ pytestmark = pytest.mark.docker
 REGISTRY_ENV = {
     "BUILDER_REGISTRY_USERNAME": REGISTRY_USER,
     "BUILDER_REGISTRY_PASSWORD": REGISTRY_PASSWORD,
+    "BUILDER_REGISTRY_HOST": "127.0.0.1",  # the test registries, on loopback
 }
 
 
@@ -180,6 +181,7 @@ def test_wrong_registry_password_is_a_clear_error(
     env = {
         "BUILDER_REGISTRY_USERNAME": REGISTRY_USER,
         "BUILDER_REGISTRY_PASSWORD": "wrong-pass-123",
+        "BUILDER_REGISTRY_HOST": "127.0.0.1",
     }
     args = image_args(test_base, runtime_index, "--push", repository)
     result = builder.run(*args, env=env, check=False)

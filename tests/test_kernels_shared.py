@@ -40,6 +40,7 @@ COMM_HEADER = "include/flashinfer/comm/vllm_custom_all_reduce.cuh"
 REGISTRY_ENV = {
     "BUILDER_REGISTRY_USERNAME": REGISTRY_USER,
     "BUILDER_REGISTRY_PASSWORD": REGISTRY_PASSWORD,
+    "BUILDER_REGISTRY_HOST": "127.0.0.1",  # the test registries, on loopback
 }
 
 

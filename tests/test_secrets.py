@@ -172,3 +172,30 @@ def test_an_index_token_in_a_requirements_file_is_refused_like_the_flag(builder,
     assert line.startswith(f"error: {requirements}:1: https://pypi.internal/simple")
     assert "t0ps3cret" not in result.stderr + result.stdout
     assert not builder.wheelhouse.exists()
+
+
+@pytest.mark.parametrize(
+    ("allowed", "reference", "sent"),
+    [
+        ("registry.internal:5000", "registry.internal:5000/ml/sglang-sm120", True),
+        ("registry.internal", "registry.internal:5000/ml/sglang-sm120", True),
+        ("registry.internal:5000", "registry.internal:6000/ml/sglang-sm120", False),
+        ("registry.internal", "evil.example/ml/sglang-sm120", False),
+        ("registry.internal", "lmsysorg/sglang:latest", False),  # Docker Hub
+        ("", "registry.internal/ml/sglang-sm120", False),  # no host named: sent nowhere
+    ],
+)
+def test_registry_credentials_go_to_their_registry_only(
+    monkeypatch, allowed: str, reference: str, sent: bool
+) -> None:
+    """An image reference from a manifest or a recipe names any registry: the environment's
+    credentials go only to the host BUILDER_REGISTRY_HOST names."""
+    from builder import registry
+
+    monkeypatch.setenv("BUILDER_REGISTRY_USERNAME", "ci")
+    monkeypatch.setenv("BUILDER_REGISTRY_PASSWORD", "s3cret-pass")
+    monkeypatch.setenv("BUILDER_REGISTRY_HOST", allowed)
+    credentials = registry.auth(reference)
+    assert (credentials == {"username": "ci", "password": "s3cret-pass"}) if sent else (
+        credentials is None
+    )
