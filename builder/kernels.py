@@ -127,6 +127,8 @@ def write_pack(
     versions = {(m.flashinfer_version, m.arch) for m in modules}
     if len(versions) != 1:
         raise BuilderError(f"modules of several flashinfer builds or arches: {sorted(versions)}")
+    for name in files:
+        _pack_member_name(name, origin)
     ((version, arch),) = versions
     record = {
         "schema_version": 1,
@@ -148,6 +150,25 @@ def write_pack(
             info.size, info.mode, info.mtime = len(data), mode, mtime
             tar.addfile(info, io.BytesIO(data))
     partial.replace(path)
+    return path
+
+
+_PACK_FOLDERS = (("cached_ops",), ("generated",))
+
+
+def _pack_member_name(name: str, origin: str) -> str:
+    """A pack holds `cached_ops/...` and `generated/...` under the arch folder, nothing else:
+    what a server's workspace hands over never names a file outside it."""
+    parts = Path(name).parts
+    if Path(name).is_absolute() or ".." in parts or parts[:1] not in _PACK_FOLDERS:
+        raise BuilderError(f"{origin}: {name!r} lies outside the module's build folders: refused")
+    return name
+
+
+def _inside(path: Path, root: Path, origin: str) -> Path:
+    """`path`, a plain file under `root` (no link, no `..` out of it)."""
+    if path.is_symlink() or not path.resolve().is_relative_to(root.resolve()):
+        raise BuilderError(f"{origin}: {path} links or leads outside {root}: refused")
     return path
 
 
@@ -174,7 +195,8 @@ def _tar_files(stream: bytes, prefix: str) -> dict[str, tuple[bytes, int, int]]:
         for member in tar:
             if member.isfile():
                 data = tar.extractfile(member).read()
-                files[f"{prefix}/{member.name}"] = (data, member.mode, int(member.mtime))
+                name = _pack_member_name(f"{prefix}/{member.name}", "container archive")
+                files[name] = (data, member.mode, int(member.mtime))
     return files
 
 
@@ -205,18 +227,20 @@ def harvest_workspace(workspace: Path, out: Path) -> tuple[list[CompiledModule],
     if not modules:
         return [], None
     files = {}
+    origin = f"workspace {workspace}"
     for module in modules:
         folder = Path(module.directory)
         arch_root = folder.parent.parent
-        paths = [p for p in sorted(folder.rglob("*")) if p.is_file()]
+        paths = [p for p in sorted(folder.rglob("*")) if p.is_file() or p.is_symlink()]
         paths += map(
             Path, _generated_sources((folder / "build.ninja").read_bytes(), str(arch_root))
         )
         for path in paths:
+            _inside(path, arch_root, origin)
             stat = path.stat()
             name = str(path.relative_to(arch_root))
             files[name] = (path.read_bytes(), stat.st_mode & 0o777, int(stat.st_mtime))
-    return modules, write_pack(modules, files, out, f"workspace {workspace}")
+    return modules, write_pack(modules, files, out, origin)
 
 
 def packs_dir(cache_dir: Path) -> Path:

@@ -164,3 +164,49 @@ def test_a_tampered_kernel_pack_fails_the_build_and_names_the_file(
     assert "cached_ops/norm/norm.so does not match its sha256" in result.stderr
     with pytest.raises(ImageNotFound):
         docker_client.images.get(planned["reference"])
+
+
+def _workspace(root: Path, ninja_extra: str = "") -> Path:
+    """A FlashInfer workspace as a server leaves it (files only: what harvest reads)."""
+    arch_root = root / ".cache/flashinfer/0.7.2+sm120.gabc1234/120f"
+    module = arch_root / "cached_ops/norm"
+    module.mkdir(parents=True)
+    (module / "norm.so").write_bytes(b"\x7fELF not really")
+    (arch_root / "generated").mkdir()
+    (arch_root / "generated/norm_inst.cu").write_text("// generated\n")
+    (module / "build.ninja").write_text(
+        f"build norm.cuda.o: compile {arch_root}/generated/norm_inst.cu{ninja_extra}\n"
+    )
+    return module
+
+
+def test_harvest_takes_the_module_s_build_folders_only(tmp_path: Path) -> None:
+    from builder import kernels
+
+    _workspace(tmp_path / "ws")
+    modules, pack = kernels.harvest_workspace(tmp_path / "ws", tmp_path / "packs")
+    assert [m.name for m in modules] == ["norm"]
+    record = kernels.pack_record(pack)
+    assert set(record["files"]) == {
+        "cached_ops/norm/norm.so", "cached_ops/norm/build.ninja", "generated/norm_inst.cu"
+    }
+
+
+def test_harvest_never_reads_outside_the_workspace(tmp_path: Path) -> None:
+    """A network-facing server's workspace is not trusted: a link out of it, or a
+    build.ninja naming `generated/../../..`, is refused and no pack is written."""
+    from builder import kernels
+    from builder.errors import BuilderError
+
+    module = _workspace(tmp_path / "link")
+    (module / "stolen").symlink_to("/etc/hostname")
+    with pytest.raises(BuilderError, match="links or leads outside"):
+        kernels.harvest_workspace(tmp_path / "link", tmp_path / "packs")
+
+    module = _workspace(tmp_path / "ninja")
+    arch_root = module.parent.parent
+    escape = f"{arch_root}/generated/" + "../" * len(arch_root.parts) + "etc/hostname"
+    (module / "build.ninja").write_text(f"build norm.cuda.o: compile {escape}\n")
+    with pytest.raises(BuilderError, match="outside"):
+        kernels.harvest_workspace(tmp_path / "ninja", tmp_path / "packs")
+    assert not (tmp_path / "packs").exists() or not list((tmp_path / "packs").iterdir())
