@@ -369,8 +369,13 @@ def content_key(lookup: str, inputs: dict[str, str]) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
-def read_entry(path: Path, name: str) -> tuple[dict | None, bytes, str]:
-    """(record, .so bytes, "") of a usable entry, or (None, b"", why it cannot be used)."""
+def read_entry(
+    path: Path, name: str, lookup: str | None = None, sources: list[str] | None = None
+) -> tuple[dict | None, bytes, str]:
+    """(record, .so bytes, "") of a usable entry, or (None, b"", why it cannot be used).
+    An entry is data from a shared cache: it must be for the lookup key being served and
+    record, among its inputs, every source this build compiles (an entry that lists no
+    input would be "unchanged" for any build)."""
     try:
         with tarfile.open(path) as tar:
             record = json.load(tar.extractfile("entry.json"))
@@ -383,6 +388,14 @@ def read_entry(path: Path, name: str) -> tuple[dict | None, bytes, str]:
         return None, b"", f"entry {path.name}: {name}.so does not match its sha256"
     if content_key(record["lookup"], record["inputs"]) != record.get("key"):
         return None, b"", f"entry {path.name}: its key does not match its inputs"
+    if lookup is not None and record.get("lookup") != lookup:
+        return None, b"", f"entry {path.name} is for another lookup key"
+    inputs = record.get("inputs")
+    if not isinstance(inputs, dict) or not inputs:
+        return None, b"", f"entry {path.name} records no inputs"
+    missing = [source for source in sources or [] if source not in inputs]
+    if missing:
+        return None, b"", f"entry {path.name} does not record its source {missing[0]}"
     return record, library, ""
 
 
@@ -431,7 +444,8 @@ def decide(spec, lookup: str, entries: Path | None) -> tuple[dict | None, bytes,
         return None, b"", "compile: no entry with this key"
     why = ""
     for path in candidates:
-        record, library, problem = read_entry(path, spec.name)
+        sources = [portable(str(source)) for source in spec.sources]
+        record, library, problem = read_entry(path, spec.name, lookup, sources)
         if problem:
             print(f"jit-warmup: warning: {problem}; compiling {spec.name} again", flush=True)
             why = why or f"compile: {problem}"
