@@ -53,6 +53,7 @@ def test_an_honest_entry_with_unchanged_inputs_is_reused(warmup, tmp_path: Path)
     _entry(warmup, tmp_path / "entries", "a" * 64, inputs)
     record, library, why = module.decide(spec, "a" * 64, tmp_path / "entries")
     assert record is not None and why == "reuse: its 1 inputs are unchanged"
+    assert library.startswith(b"native code")
 
 
 @pytest.mark.parametrize(
