@@ -6,8 +6,10 @@ An entry is `<lookup key>.<key>.kernel.tar` (made by the image's jit_warmup.py):
 one lookup key can have several (one per header variant). In the registry the newest entry
 of a lookup key is a one-layer image `REPO:<lookup key>` holding the tar, pushed and
 pulled through the Docker engine with the credentials `builder image --push` uses: no
-server of our own. The warm-up checks every entry (sha256, key, inputs) before it reuses
-one, so a corrupt or foreign entry is compiled again, never loaded.
+server of our own. Each holds the entry and its ed25519 signature (builder/kernel_trust.py):
+an entry no trusted key signed is not used. The warm-up then checks every entry (sha256,
+lookup key, key, inputs) before it reuses one, so a corrupt or foreign entry is compiled
+again, never loaded.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ import docker
 from docker.errors import APIError, ImageNotFound, NotFound
 from requests.exceptions import RequestException
 
-from builder import progress, registry
+from builder import kernel_trust, progress, registry
 from builder.cache import atomic_copy
 from builder.errors import BuilderError
 from builder.urls import redact
 
 ENTRY_SUFFIX = ".kernel.tar"
 _ENTRY_IN_IMAGE = "entry.tar"
+_SIGNATURE_IN_IMAGE = "entry.tar.sig"  # ed25519 over entry.tar (builder/kernel_trust.py)
 _LABEL = "io.builder.kernel-entry"
 
 
@@ -55,6 +58,19 @@ class SharedKernels:
         self.client = client
         self.repository = repository
         self.down = False
+        self.trusted = kernel_trust.trusted_keys() if repository else []
+        self.signer = kernel_trust.signing_key() if repository else None
+        if repository and not self.trusted:
+            progress.warn(
+                f"kernel registry {redact(repository)} not used: no trusted signing keys "
+                f"({kernel_trust.TRUSTED_KEYS_ENV}); every kernel is compiled here or local"
+            )
+            self.repository = None
+        elif repository and self.signer is None:
+            progress.warn(
+                f"kernel registry {redact(repository)}: signed entries are taken, none is "
+                f"shared (no {kernel_trust.SIGNING_KEY_ENV} to sign with)"
+            )
 
     def _unreachable(self, error: Exception | str) -> None:
         text = str(getattr(error, "explanation", None) or error).strip().splitlines()
@@ -82,28 +98,47 @@ class SharedKernels:
             return None
         container = self.client.containers.create(reference, command=["entry"])
         try:
-            chunks, _ = container.get_archive(f"/{_ENTRY_IN_IMAGE}")
-            with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as outer:
-                data = outer.extractfile(_ENTRY_IN_IMAGE).read()
+            data = self._file(container, _ENTRY_IN_IMAGE)
+            signature = self._file(container, _SIGNATURE_IN_IMAGE)
         finally:
             container.remove(force=True)
             with contextlib.suppress(ImageNotFound, APIError):
                 self.client.images.remove(reference, noprune=False)
+        if data is None or signature is None or not kernel_trust.verify(
+            self.trusted, data, signature
+        ):
+            progress.warn(
+                f"kernel registry entry {reference} is not signed by a trusted key: "
+                "not used, the module is compiled here"
+            )
+            return None
         into.mkdir(parents=True, exist_ok=True)
         path = into / f"{lookup}.{_entry_key(data)}{ENTRY_SUFFIX}"
         path.write_bytes(data)
         return path
 
+    @staticmethod
+    def _file(container, name: str) -> bytes | None:
+        try:
+            chunks, _ = container.get_archive(f"/{name}")
+        except (NotFound, APIError):
+            return None
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as outer:
+            member = outer.extractfile(name)
+            return member.read() if member else None
+
     def store(self, entry: Path) -> None:
-        """Push one entry as `REPO:<lookup key>` (a new build of a module replaces it)."""
-        if not self.repository or self.down:
+        """Push one signed entry as `REPO:<lookup key>` (a new build of a module replaces it)."""
+        if not self.repository or self.down or self.signer is None:
             return
         lookup = entry.name.split(".", 1)[0]
         reference = f"{self.repository}:{lookup}"
         with tempfile.TemporaryDirectory(prefix="builder-kernel-entry-") as tmp:
             shutil.copyfile(entry, Path(tmp) / _ENTRY_IN_IMAGE)
+            signature = kernel_trust.sign(self.signer, entry.read_bytes())
+            (Path(tmp) / _SIGNATURE_IN_IMAGE).write_bytes(signature)
             (Path(tmp) / "Dockerfile").write_text(
-                f"FROM scratch\nCOPY {_ENTRY_IN_IMAGE} /{_ENTRY_IN_IMAGE}\n"
+                f"FROM scratch\nCOPY {_ENTRY_IN_IMAGE} {_SIGNATURE_IN_IMAGE} /\n"
             )
             try:
                 self.client.images.build(

@@ -85,3 +85,39 @@ def test_a_forged_entry_is_compiled_again_and_named(
     assert record is None and library == b""
     assert why.startswith("compile: entry ") and named in why
     assert named in capsys.readouterr().out  # the warm-up's warning names the entry
+
+
+def test_signatures_verify_only_with_a_trusted_key(tmp_path: Path, monkeypatch) -> None:
+    """A registry entry is used only with a signature by a key the site trusts: the
+    site's own verifies, another's or a changed byte does not."""
+    from builder import kernel_trust
+
+    site_key, site_public = kernel_trust.generate(tmp_path / "site")
+    other_key, _ = kernel_trust.generate(tmp_path / "other")
+    assert site_key.stat().st_mode & 0o777 == 0o600
+    monkeypatch.setenv(kernel_trust.SIGNING_KEY_ENV, str(site_key))
+    monkeypatch.setenv(kernel_trust.TRUSTED_KEYS_ENV, str(site_public))
+    entry = b"entry.json and norm.so"
+    signature = kernel_trust.sign(kernel_trust.signing_key(), entry)
+    trusted = kernel_trust.trusted_keys()
+    assert kernel_trust.verify(trusted, entry, signature)
+    assert not kernel_trust.verify(trusted, entry + b"!", signature)
+    monkeypatch.setenv(kernel_trust.SIGNING_KEY_ENV, str(other_key))
+    assert not kernel_trust.verify(trusted, entry, kernel_trust.sign(kernel_trust.signing_key(), entry))
+    assert not kernel_trust.verify([], entry, signature)
+
+
+def test_a_bad_key_file_is_one_line_naming_it(tmp_path: Path, monkeypatch) -> None:
+    from builder import kernel_trust
+    from builder.errors import BuilderError
+
+    keys = tmp_path / "trusted.pub"
+    keys.write_text("# site keys\nnot-base64!!\n")
+    monkeypatch.setenv(kernel_trust.TRUSTED_KEYS_ENV, str(keys))
+    with pytest.raises(BuilderError, match=rf"{keys}:2: not a base64 ed25519 public key"):
+        kernel_trust.trusted_keys()
+    huge = tmp_path / "huge.key"
+    huge.write_bytes(b"x" * (1 << 20))
+    monkeypatch.setenv(kernel_trust.SIGNING_KEY_ENV, str(huge))
+    with pytest.raises(BuilderError, match="not a key file"):
+        kernel_trust.signing_key()

@@ -16,12 +16,14 @@ import io
 import json
 import os
 import tarfile
+import tempfile
 import urllib.request
 from pathlib import Path
 
 import pygit2
 import pytest
 
+from builder import kernel_trust
 from tests.conftest import (
     REGISTRY_PASSWORD,
     REGISTRY_USER,
@@ -37,10 +39,17 @@ pytestmark = pytest.mark.docker
 
 MODULES = "flashinfer.jit.norm:gen_norm_module;flashinfer.jit.comm:gen_vllm_comm_module"
 COMM_HEADER = "include/flashinfer/comm/vllm_custom_all_reduce.cuh"
+# The site's kernel signing key pair, as `builder jit keygen` makes it (one per test run).
+SITE_KEY, SITE_PUBLIC = kernel_trust.generate(Path(tempfile.mkdtemp(prefix="builder-keys-")))
+KERNEL_TRUST_ENV = {
+    kernel_trust.SIGNING_KEY_ENV: str(SITE_KEY),
+    kernel_trust.TRUSTED_KEYS_ENV: str(SITE_PUBLIC),
+}
 REGISTRY_ENV = {
     "BUILDER_REGISTRY_USERNAME": REGISTRY_USER,
     "BUILDER_REGISTRY_PASSWORD": REGISTRY_PASSWORD,
     "BUILDER_REGISTRY_HOST": "127.0.0.1",  # the test registries, on loopback
+    **KERNEL_TRUST_ENV,
 }
 
 
@@ -220,7 +229,8 @@ def test_an_unreachable_registry_is_one_line_and_a_local_build(
         *kernel_args(
             test_base, runtime_index, "--kernel-registry", "127.0.0.1:9/kernels",
             modules="flashinfer.jit.comm:gen_vllm_comm_module",
-        )
+        ),
+        env=KERNEL_TRUST_ENV,
     )  # fmt: skip
     lines = [line for line in result.stderr.splitlines() if "127.0.0.1:9" in line]
     assert len(lines) == 1, result.stderr
@@ -228,6 +238,45 @@ def test_an_unreachable_registry_is_one_line_and_a_local_build(
     assert "building with local kernels only" in lines[0]
     (module,) = json.loads(result.stdout)["image"]["kernel_build"]["modules"]
     assert module["source"] == "compiled"
+
+
+def test_a_forged_registry_entry_is_not_used_and_the_module_compiles(
+    host_a, tmp_path, github: Upstreams, docker_host, docker_client, test_base, runtime_index,
+    monkeypatch,
+) -> None:  # fmt: skip
+    """Someone who can push to the kernel registry but holds no site key replaces norm's
+    entry (here: host A's own bytes, so only the signature is wrong). A fresh host does not
+    use it: one warning names the entry and norm compiles; vllm_comm, signed by the site,
+    still comes from the registry. Without a trusted key the registry is not used at all."""
+    from builder import kernel_cache
+
+    builder_a, first, shared, _ = host_a
+    norm = this_run(first)["norm"]
+    (entry,) = (builder_a.cache_dir / "kernels").glob(f"{norm['lookup']}.*.kernel.tar")
+    attacker_key, attacker_public = kernel_trust.generate(tmp_path / "attacker")
+    for key, value in {**REGISTRY_ENV, kernel_trust.SIGNING_KEY_ENV: str(attacker_key),
+                       kernel_trust.TRUSTED_KEYS_ENV: str(attacker_public)}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    kernel_cache.SharedKernels(docker_client, shared).store(entry)
+
+    builder = builder_in(tmp_path / "host-c", github, docker_host)
+    result = builder.run(
+        *kernel_args(test_base, runtime_index, "--kernel-registry", shared), env=REGISTRY_ENV
+    )
+    modules = this_run(json.loads(result.stdout))
+    refused = [line for line in result.stderr.splitlines() if "not signed by a trusted" in line]
+    assert len(refused) == 1 and f"{shared}:{norm['lookup']}" in refused[0], result.stderr
+    assert modules["norm"]["source"] == "compiled"
+    assert modules["vllm_comm"]["source"] == "reused"
+    assert "2 of 2 modules" not in result.stderr and "(1 from the registry)" in result.stderr
+
+    untrusting = builder_in(tmp_path / "host-d", github, docker_host)
+    env = {k: v for k, v in REGISTRY_ENV.items() if k != kernel_trust.TRUSTED_KEYS_ENV}
+    result = untrusting.run(
+        *kernel_args(test_base, runtime_index, "--kernel-registry", shared), env=env
+    )
+    assert f"kernel registry {shared} not used: no trusted signing keys" in result.stderr
+    assert {m["source"] for m in this_run(json.loads(result.stdout)).values()} == {"compiled"}
 
 
 def test_a_plain_venv_loads_the_kernels_from_the_index_without_compiling(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from docker.errors import NotFound
 
-from builder import docker_client, kernels
+from builder import docker_client, kernel_trust, kernels
 from builder.commands.common import (
     add_cache_option,
     add_output_options,
@@ -66,6 +66,18 @@ def cmd_jit_harvest(args: argparse.Namespace) -> None:
     emit(args, result, lines)
 
 
+def cmd_jit_keygen(args: argparse.Namespace) -> None:
+    private, public = kernel_trust.generate(Path(args.out))
+    result = {"signing_key": str(private), "public_key": str(public)}
+    lines = [
+        f"wrote {private} (mode 0600: keep it on the hosts that share kernels, never in git)",
+        f"wrote {public}",
+        f"every build host: export {kernel_trust.TRUSTED_KEYS_ENV}={public}",
+        f"hosts that share new kernels: export {kernel_trust.SIGNING_KEY_ENV}={private}",
+    ]
+    emit(args, result, lines)
+
+
 def register(sub) -> None:
     jit_cmd = sub.add_parser(
         "jit",
@@ -109,3 +121,16 @@ def register(sub) -> None:
     add_cache_option(harvest)
     add_output_options(harvest)
     harvest.set_defaults(func=cmd_jit_harvest)
+
+    keygen = jit_sub.add_parser(
+        "keygen",
+        help="make the ed25519 key pair that signs the kernels build hosts share",
+        description="A kernel registry (--kernel-registry) is used only with trusted keys: "
+        f"entries are signed with {kernel_trust.SIGNING_KEY_ENV} (a PEM file) and taken only "
+        f"when one of {kernel_trust.TRUSTED_KEYS_ENV} (a file, one public key a line) "
+        "verifies them. Writes kernel-signing.key (0600) and kernel-signing.pub; never "
+        "overwrites.\n\nexample: builder jit keygen --out /etc/builder",
+    )
+    keygen.add_argument("--out", required=True, help="folder for the two key files")
+    add_output_options(keygen)
+    keygen.set_defaults(func=cmd_jit_keygen)
