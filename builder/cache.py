@@ -71,15 +71,27 @@ def staging_dir(final: Path) -> Iterator[Path]:
         remove_tree(staging)
 
 
-def atomic_copy(source: Path, destination: Path) -> None:
+@contextmanager
+def partial_beside(destination: Path) -> Iterator[Path]:
+    """A temporary name beside `destination`, this writer's own (two builder runs that write
+    the same file never share one), renamed over it when the block succeeds."""
     destination.parent.mkdir(parents=True, exist_ok=True)
-    partial = destination.with_name(f".{destination.name}.partial")
-    shutil.copyfile(source, partial)
-    os.replace(partial, destination)
+    handle, name = tempfile.mkstemp(prefix=f".{destination.name}.", dir=destination.parent)
+    os.close(handle)
+    partial = Path(name)
+    try:
+        yield partial
+        os.chmod(partial, 0o644)  # mkstemp makes 0600; these are ordinary shared files
+        os.replace(partial, destination)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def atomic_copy(source: Path, destination: Path) -> None:
+    with partial_beside(destination) as partial:
+        shutil.copyfile(source, partial)
 
 
 def atomic_write_text(destination: Path, text: str) -> None:
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    partial = destination.with_name(f".{destination.name}.partial")
-    partial.write_text(text)
-    os.replace(partial, destination)
+    with partial_beside(destination) as partial:
+        partial.write_text(text)

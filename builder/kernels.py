@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import launch
+from builder.cache import partial_beside
 from builder.errors import BuilderError
 from builder.target import Target
 
@@ -142,14 +143,14 @@ def write_pack(
     key = _record_key(record)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"flashinfer-{version}-{arch}-{key}{PACK_SUFFIX}"
-    partial = path.with_name(path.name + ".partial")
     entries = {"pack.json": (body, 0o644, 0), **{name: files[name] for name in sorted(files)}}
-    with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tar:
+    with partial_beside(path) as partial, tarfile.open(
+        partial, "w", format=tarfile.PAX_FORMAT
+    ) as tar:
         for name, (data, mode, mtime) in entries.items():
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), mode, mtime
             tar.addfile(info, io.BytesIO(data))
-    partial.replace(path)
     return path
 
 

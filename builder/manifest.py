@@ -111,7 +111,7 @@ def write(directory: Path, manifest: dict, tag: str, sbom: str | None = None) ->
             "sbom": {"file": sbom_path.name, "sha256": hashlib.sha256(sbom.encode()).hexdigest()},
         }
     atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    link = directory / f".{LATEST}.partial"
+    link = directory / f".{LATEST}.{os.getpid()}.{path.stem}"  # this writer's own
     link.unlink(missing_ok=True)
     link.symlink_to(path.name)
     os.replace(link, directory / LATEST)

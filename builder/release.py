@@ -26,7 +26,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from pygit2.enums import FileMode
 
 from builder import progress
-from builder.cache import sha256_file
+from builder.cache import partial_beside, sha256_file
 from builder.errors import BuilderError
 from builder.settings import Mirrors
 from builder.target import Fork
@@ -98,25 +98,22 @@ def download(
     if expected is None:
         raise BuilderError(f"{what}: the index gives no sha256 for {filename}: not used")
     url = mirrors.rewrite(link)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
     digest = hashlib.sha256()
-    with progress.task(f"download {filename}") as bar, _open(url, what) as response:
-        total = int(response.headers.get("Content-Length") or 0) or None
-        bar.update(bar.task_ids[0], total=total)
-        with partial.open("wb") as out:
-            for block in iter(lambda: response.read(1 << 20), b""):
-                digest.update(block)
-                out.write(block)
-                bar.advance(bar.task_ids[0], len(block))
-    if digest.hexdigest() != expected:
-        partial.unlink()
-        said = "the pin says" if pinned else "the index says"
-        raise BuilderError(
-            f"{what}: {redact(url)} has sha256 {digest.hexdigest()}, {said} {expected} "
-            "(a different file under that name: not used)"
-        )
-    os.replace(partial, path)
+    with partial_beside(path) as partial:
+        with progress.task(f"download {filename}") as bar, _open(url, what) as response:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            bar.update(bar.task_ids[0], total=total)
+            with partial.open("wb") as out:
+                for block in iter(lambda: response.read(1 << 20), b""):
+                    digest.update(block)
+                    out.write(block)
+                    bar.advance(bar.task_ids[0], len(block))
+        if digest.hexdigest() != expected:
+            said = "the pin says" if pinned else "the index says"
+            raise BuilderError(
+                f"{what}: {redact(url)} has sha256 {digest.hexdigest()}, {said} {expected} "
+                "(a different file under that name: not used)"
+            )
     return path, expected
 
 
