@@ -25,7 +25,7 @@ import pygit2
 from packaging.utils import parse_wheel_filename
 from pygit2.enums import ApplyLocation, CheckoutStrategy, DiffStatsFormat
 
-from builder.cache import atomic_write_text, remove_tree
+from builder.cache import atomic_write_text, partial_beside, remove_tree
 from builder.errors import BuilderError
 from builder.patches import COMMITTER_EMAIL, COMMITTER_NAME, PatchFile, parse_patch_file
 from builder.release import commit_sha256 as release_sha256
@@ -327,12 +327,23 @@ def _write_series(repo, fork: Fork, series: str, ref: str, onto_commit: str, hea
         fields["version"] = _version_at(repo, onto_commit, fork, ref.rsplit("/", 1)[-1])
     version = fields["version"]
     for key, value in fields.items():
+        # Upstream text (a tag name, a file name) goes into TOML: only plain characters.
+        if not re.fullmatch(r"[A-Za-z0-9._+/@-]+", value):
+            remove_tree(staging)
+            raise BuilderError(f"{pin_path}: refusing to write {key} = {value!r}")
         pin = re.sub(rf'(?m)^{key} = "[^"\n]*"', f'{key} = "{value}"', pin, count=1)
     old = series_dir.with_name(f".{series}.old")
     remove_tree(old)
-    series_dir.rename(old)
-    staging.rename(series_dir)
-    atomic_write_text(pin_path, pin)
+    # Both new versions are complete before either replaces the old: the pin is written
+    # beside its file, then the series and the pin are renamed in one after the other.
+    with partial_beside(pin_path) as new_pin:
+        new_pin.write_text(pin)
+        series_dir.rename(old)
+        try:
+            staging.rename(series_dir)
+        except OSError:
+            old.rename(series_dir)
+            raise
     remove_tree(old)
     return {"patches": names, "pin": {"commit": onto_commit, "ref": ref, "version": version}}
 
