@@ -167,8 +167,8 @@ def test_a_closed_port_without_container_is_not_ready_and_never_checked(builder)
         (["ftp://127.0.0.1:21"], "wait-ready URL 'ftp://127.0.0.1:21': expected http://HOST:PORT"),
         (["http://127.0.0.1:99999"], "expected http://HOST:PORT"),
         (["http://127.0.0.1:30000/health"], "give the server root"),
-        (["http://127.0.0.1:30000", "--deadline", "-1"], "--deadline -1: must be 0 or more"),
-        (["http://127.0.0.1:30000", "--poll", "0"], "--poll 0: must be more than 0"),
+        (["http://127.0.0.1:30000", "--deadline", "-1"], "--deadline -1: must be a number of minutes, 0 or more"),
+        (["http://127.0.0.1:30000", "--poll", "0"], "--poll 0: must be a number of seconds above 0"),
         (["http://127.0.0.1:30000", "--expect", "=x"], "--expect =x: expected KEY=VALUE"),
     ],
 )
