@@ -30,6 +30,14 @@ environment:
                      copy them to try another pin or patch set without editing the repo
   {CACHE_ENV}  cache for mirrors, work trees and wheels (default: the user cache dir)
   {MIRRORS_ENV}    space-separated FROM=TO URL rewrites, after --mirror
+  BUILDER_KERNEL_REGISTRY      REGISTRY/REPO where build hosts share compiled kernels
+  BUILDER_KERNEL_TRUSTED_KEYS  file of public keys whose kernel entries are used
+  BUILDER_KERNEL_SIGNING_KEY   PEM file that signs the kernel entries this host shares
+  BUILDER_REGISTRY_USERNAME, BUILDER_REGISTRY_PASSWORD
+                     registry credentials (else `docker login`'s), sent only to
+  BUILDER_REGISTRY_HOST        this registry (host, or host:port)
+  TWINE_USERNAME, TWINE_PASSWORD   package index credentials for publishing
+  HF_TOKEN           passed to the server container by name (never stored in a file)
 config file: {config_file()} ([mirrors] table of "FROM" = "TO")
 """
 
