@@ -199,3 +199,14 @@ def test_registry_credentials_go_to_their_registry_only(
     assert (credentials == {"username": "ci", "password": "s3cret-pass"}) if sent else (
         credentials is None
     )
+
+
+def test_a_token_in_the_read_back_url_is_refused_before_any_work(builder) -> None:
+    result = builder.run(
+        "publish", "--publish-repository", "internal",
+        "--publish-simple", "https://u:T0pS3cret@pypi.internal/simple/", check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "--publish-simple https://pypi.internal/simple/: builder reads" in result.stderr
+    assert "T0pS3cret" not in result.stderr + result.stdout
+    assert "fetch" not in result.stderr and not builder.wheelhouse.exists()

@@ -354,6 +354,11 @@ def _check_publish_args(args: argparse.Namespace) -> None:
             )
     if args.publish_simple:
         validate.http_url("--publish-simple", args.publish_simple)
+        if has_credentials(args.publish_simple):
+            raise BuilderError(
+                f"--publish-simple {redact(args.publish_simple)}: builder reads the index "
+                "back without credentials; give its public (read-only) URL"
+            )
     if args.publish_static:
         validate.writable_dir("--publish-static", args.publish_static)
 
