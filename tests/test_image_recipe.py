@@ -173,7 +173,7 @@ def test_verify_names_the_culprits_in_a_tampered_copy(
         assert "norm.so" in checks["kernels load"]["detail"]
         assert "tabulate absent installed, SBOM says" in checks["sbom"]["detail"]
         text = bare_builder(tmp_path, docker_host, "verify", tampered, check=False).stdout
-        assert "FAIL wheel flashinfer" in text and text.strip().endswith("5 of 10 checks failed")
+        assert "FAIL wheel flashinfer" in text and text.strip().endswith("5 of 11 checks failed")
     finally:
         docker_client.images.remove(tampered, force=True)
 
