@@ -32,10 +32,37 @@ def test_the_wheel_holds_every_module_and_its_cli_runs(tmp_path: Path) -> None:
     source = {p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "builder").rglob("*.py")}
     assert source - shipped == set()  # builder.commands was missing from `pip install .`
     result = subprocess.run(
-        [sys.executable, "-I", "-c",
-         f"import sys; sys.path[:0] = [{str(tmp_path / 'site')!r}]; "
-         "from builder.cli import main; sys.argv = ['builder', 'launch', '--help']; main()"],
+        [sys.executable, "-I", "-c", EVERY_HELP.format(site=str(tmp_path / "site"))],
         capture_output=True, text=True, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "usage: builder launch" in result.stdout
+    commands = result.stdout.split()
+    assert {"image", "launch", "doctor", "patches check", "jit keygen"} <= set(
+        " ".join(c.split("/")) for c in commands
+    ), commands
+
+
+# Every command's and action's --help, run from the wheel's files alone (each must exit 0).
+EVERY_HELP = """
+import argparse, contextlib, io, sys
+sys.path[:0] = [{site!r}]
+import builder.cli
+assert builder.cli.__file__.startswith({site!r}), builder.cli.__file__
+
+def walk(parser, prefix):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield prefix + [name]
+                yield from walk(sub, prefix + [name])
+
+for words in walk(builder.cli.build_parser(), []):
+    sys.argv = ["builder", *words, "--help"]
+    with contextlib.redirect_stdout(io.StringIO()) as shown:
+        try:
+            builder.cli.main()
+        except SystemExit as done:
+            assert done.code == 0, (words, done.code)
+    assert "usage: builder " + " ".join(words) in shown.getvalue(), words
+    print("/".join(words))
+"""
