@@ -258,6 +258,7 @@ def test_a_forged_registry_entry_is_not_used_and_the_module_compiles(
                        kernel_trust.TRUSTED_KEYS_ENV: str(attacker_public)}.items():  # fmt: skip
         monkeypatch.setenv(key, value)
     kernel_cache.SharedKernels(docker_client, shared).store(entry)
+    monkeypatch.undo()  # the builder runs below see only the environment each one is given
 
     builder = builder_in(tmp_path / "host-c", github, docker_host)
     result = builder.run(
