@@ -266,7 +266,7 @@ def plan(
             "arch": target.arch_list,
             "modules": options.jit_modules,
             "kernel_packs": [pack.name for pack in packs],  # content-named
-            "builder": code_key("kernel_build", "kernel_cache", "kernel_wheel"),
+            "builder": code_key("kernel_build", "kernel_cache", "kernel_wheel", "wheelfiles"),
         }
     )
     kernel_builder_key = content_key(
@@ -282,7 +282,9 @@ def plan(
         }
     )
     stage_keys = {"runtime": runtime_key, "flashinfer": flashinfer_key, "server": server_key}
-    builder_code = code_key("image", "recipe", "sbom", "lock", "kernel_build", "kernel_wheel")
+    builder_code = code_key(
+        "image", "recipe", "sbom", "lock", "kernel_build", "kernel_wheel", "wheelfiles"
+    )
     inputs_hash = content_key({"stages": stage_keys, "builder": builder_code})
 
     sglang_version = wheels["sglang"].version.split("+")[0]

@@ -19,24 +19,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import tempfile
-import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-
-from wheel.wheelfile import WheelFile
 
 from builder import __version__
 from builder.cache import sha256_file
 from builder.errors import BuilderError
+from builder.wheelfiles import write_wheel
 from builder.wheels import BuiltWheel
 
 DIST_NAME = "flashinfer-jit-cache"
 PACKAGE = "flashinfer_jit_cache"
 PLATFORM_TAG = "linux_x86_64"
-_EPOCH = 315532800  # 1980-01-01, the earliest time a zip entry can hold
 
 _INIT = '''"""FlashInfer kernels built by builder for {flashinfer_dist} {flashinfer_version}
 ({arch}, nvcc {nvcc}). Loaded by FlashInfer without compiling: 0.6.x from
@@ -133,27 +127,6 @@ def provider_arch(arch: str) -> str:
     return f"sm{major}{minor}"
 
 
-@contextmanager
-def _fixed_epoch() -> Iterator[None]:
-    """WheelFile stamps RECORD with SOURCE_DATE_EPOCH when it is set, else with now."""
-    saved = os.environ.get("SOURCE_DATE_EPOCH")
-    os.environ["SOURCE_DATE_EPOCH"] = str(_EPOCH)
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["SOURCE_DATE_EPOCH"]
-        else:
-            os.environ["SOURCE_DATE_EPOCH"] = saved
-
-
-def _add(archive: WheelFile, name: str, data: bytes, mode: int = 0o644) -> None:
-    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-    info.external_attr = (0o100000 | mode) << 16
-    info.compress_type = zipfile.ZIP_DEFLATED
-    archive.writestr(info, data)
-
-
 def build_kernel_wheel(
     modules_dir: Path, inventory: dict, flashinfer: BuiltWheel, target_name: str, out: Path
 ) -> BuiltWheel:
@@ -200,9 +173,9 @@ def build_kernel_wheel(
     path = out / filename
     with tempfile.TemporaryDirectory(prefix=".kernel-wheel-", dir=out) as staging:
         partial = Path(staging) / filename  # WheelFile reads name and version from it
-        with _fixed_epoch(), WheelFile(partial, "w") as archive:
-            for name in sorted(files):
-                _add(archive, name, files[name], 0o755 if name.endswith(".so") else 0o644)
+        write_wheel(
+            partial, {n: (d, 0o755 if n.endswith(".so") else 0o644) for n, d in files.items()}
+        )
         partial.replace(path)
     digest = sha256_file(path)
     return BuiltWheel(

@@ -14,14 +14,8 @@ import contextlib
 import html
 import json
 import os
-import re
 import sys
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
-from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import urljoin
 
 from filelock import FileLock
 from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -29,76 +23,11 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from builder import progress
 from builder.cache import atomic_copy, atomic_write_text, sha256_file
 from builder.errors import BuilderError
+from builder.simple_index import IndexFile, parse_project_page, read_project
 from builder.urls import redact
 from builder.wheels import BuiltWheel
 
-JSON_ACCEPT = "application/vnd.pypi.simple.v1+json"
 _CREDENTIAL_HINT = "check TWINE_USERNAME/TWINE_PASSWORD, your keyring or ~/.pypirc"
-
-
-@dataclass(frozen=True)
-class IndexFile:
-    filename: str
-    url: str
-    sha256: str | None
-
-
-class _Links(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.links: list[tuple[str, str]] = []
-        self._href: str | None = None
-
-    def handle_starttag(self, tag, attrs) -> None:
-        if tag == "a":
-            self._href = dict(attrs).get("href")
-
-    def handle_data(self, data) -> None:
-        if self._href is not None:
-            self.links.append((self._href, data.strip()))
-            self._href = None
-
-
-def _parse_project_page(body: bytes, content_type: str, page_url: str) -> dict[str, IndexFile]:
-    files: dict[str, IndexFile] = {}
-    if "json" in content_type:
-        for entry in json.loads(body).get("files", []):
-            files[entry["filename"]] = IndexFile(
-                entry["filename"],
-                urljoin(page_url, entry["url"]),
-                (entry.get("hashes") or {}).get("sha256"),
-            )
-        return files
-    parser = _Links()
-    parser.feed(body.decode(errors="replace"))
-    for href, text in parser.links:
-        url, _, fragment = href.partition("#")
-        filename = text or url.rsplit("/", 1)[-1]
-        match = re.match(r"sha256=([0-9a-f]{64})", fragment)
-        files[filename] = IndexFile(
-            filename, urljoin(page_url, url), match.group(1) if match else None
-        )
-    return files
-
-
-def read_project(simple_url: str, project: str) -> dict[str, IndexFile]:
-    """What the index holds for `project` (PEP 691 JSON if offered, else PEP 503 HTML)."""
-    page = f"{simple_url.rstrip('/')}/{canonicalize_name(project)}/"
-    request = urllib.request.Request(page, headers={"Accept": f"{JSON_ACCEPT}, text/html;q=0.5"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return _parse_project_page(
-                response.read(), response.headers.get("Content-Type", ""), response.url
-            )
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return {}
-        raise BuilderError(
-            f"index {redact(simple_url)}: reading {project} answered {exc.code} {exc.reason}"
-        ) from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise BuilderError(f"index {redact(simple_url)} is unreachable ({reason})") from None
 
 
 def _check_immutable(wheel: BuiltWheel, existing: dict[str, IndexFile], where: str) -> bool:
@@ -277,7 +206,7 @@ def publish_static(wheels: list[BuiltWheel], directory: Path) -> dict[str, dict]
         )
         for wheel in wheels:
             page = simple / canonicalize_name(wheel.dist_name) / "index.html"
-            found = _parse_project_page(page.read_bytes(), "text/html", page.as_uri()).get(
+            found = parse_project_page(page.read_bytes(), "text/html", page.as_uri()).get(
                 wheel.filename
             )
             if found is None or found.sha256 != wheel.sha256:

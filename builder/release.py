@@ -13,41 +13,25 @@ from __future__ import annotations
 
 import calendar
 import hashlib
-import html.parser
-import os
 import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
-from urllib.parse import urljoin, urlsplit
 
 import pygit2
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import parse_wheel_filename
 from pygit2.enums import FileMode
 
 from builder import progress
 from builder.cache import partial_beside, sha256_file
 from builder.errors import BuilderError
 from builder.settings import Mirrors
+from builder.simple_index import read_project
 from builder.target import Fork
 from builder.urls import redact
 
 IMPORTER = pygit2.Signature("builder release import", "builder@localhost", 0, 0)
 _TIMEOUT_S = 60
-
-
-class _Links(html.parser.HTMLParser):
-    """The anchors of a PEP 503 project page: {filename: href}."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.links: dict[str, str] = {}
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        href = dict(attrs).get("href")
-        if tag == "a" and href:
-            filename = os.path.basename(urlsplit(href).path)
-            self.links.setdefault(filename, href)
 
 
 def _open(url: str, what: str):
@@ -62,17 +46,14 @@ def _open(url: str, what: str):
 
 
 def _file_link(index: str, dist: str, filename: str, what: str) -> tuple[str, str | None]:
-    """(URL, the index's sha256 or None) of `filename` on a PEP 503 index."""
-    page = f"{index.rstrip('/')}/{canonicalize_name(dist)}/"
-    with _open(page, what) as response:
-        parser = _Links()
-        parser.feed(response.read().decode("utf-8", errors="replace"))
-    href = parser.links.get(filename)
-    if href is None:
-        raise BuilderError(f"{what}: {redact(page)} does not offer {filename}")
-    url, _, fragment = urljoin(page, href).partition("#")
-    digest = fragment.removeprefix("sha256=") if fragment.startswith("sha256=") else None
-    return url, digest
+    """(URL, the index's sha256 or None) of `filename` on the index."""
+    try:
+        found = read_project(index, dist).get(filename)
+    except BuilderError as exc:
+        raise BuilderError(f"{what}: {exc}") from None
+    if found is None:
+        raise BuilderError(f"{what}: {redact(index)} does not offer {filename} for {dist}")
+    return found.url, found.sha256
 
 
 def download(

@@ -3,27 +3,20 @@
 The fork commit's tree is the released wheel's files with the series applied. The wheel is
 written from that tree as it is (upstream's compiled extensions byte for byte) with the
 local version `<version>+<label>.g<fork sha7>`: the `.dist-info` folder renamed, METADATA's
-Version line rewritten, RECORD computed anew. Fixed member order, times (the fork commit's)
-and modes make it byte-reproducible.
+Version line rewritten, RECORD computed anew; byte-reproducible (builder/wheelfiles.py, with
+the fork commit's time).
 """
 
 from __future__ import annotations
 
-import base64
-import csv
-import hashlib
-import io
 import re
-import time
-import zipfile
 from pathlib import Path
 
 import pygit2
 
 from builder.errors import BuilderError
 from builder.target import Fork
-
-_ZIP_EPOCH = 315532800  # 1980-01-01: the earliest time a zip member can carry
+from builder.wheelfiles import write_wheel
 
 
 def _tree_files(repo: pygit2.Repository, tree: pygit2.Tree, prefix: str = ""):
@@ -36,11 +29,6 @@ def _tree_files(repo: pygit2.Repository, tree: pygit2.Tree, prefix: str = ""):
             yield path, repo.get(entry.id).data, executable
         else:
             raise BuilderError(f"{path}: a {entry.filemode!r} entry cannot go into a wheel")
-
-
-def _record_hash(data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"sha256={digest}"
 
 
 def repack(
@@ -65,8 +53,7 @@ def repack(
         if path.startswith(old_info_dir + "/"):
             path = info_dir + path[len(old_info_dir) :]
         renamed[path] = payload
-    record = f"{info_dir}/RECORD"
-    renamed.pop(record, None)
+    renamed.pop(f"{info_dir}/RECORD", None)  # written anew with the wheel
     metadata_path = f"{info_dir}/METADATA"
     if metadata_path not in renamed:
         raise BuilderError(f"{fork.release.filename}: no {old_info_dir}/METADATA")
@@ -80,22 +67,6 @@ def repack(
 
     tags = fork.release.filename.removesuffix(".whl").split("-")[-3:]
     wheel = outdir / f"{distribution}-{version}-{'-'.join(tags)}.whl"
-    stamp = time.gmtime(max(repo.get(commit).commit_time, _ZIP_EPOCH))[:6]
-    # Packages first, sorted; .dist-info last, RECORD at the very end (as wheel tools do).
-    order = sorted(renamed, key=lambda p: (p.startswith(info_dir + "/"), p))
-    record_text = io.StringIO()
-    lines = csv.writer(record_text, lineterminator="\n")  # quotes paths holding commas
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in order:
-            data, executable = renamed[path]
-            info = zipfile.ZipInfo(path, date_time=stamp)
-            info.external_attr = (0o100755 if executable else 0o100644) << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            archive.writestr(info, data)
-            lines.writerow((path, _record_hash(data), len(data)))
-        lines.writerow((record, "", ""))
-        info = zipfile.ZipInfo(record, date_time=stamp)
-        info.external_attr = 0o100644 << 16
-        info.compress_type = zipfile.ZIP_DEFLATED
-        archive.writestr(info, record_text.getvalue())
+    modes = {path: (data, 0o755 if run else 0o644) for path, (data, run) in renamed.items()}
+    write_wheel(wheel, modes, epoch=repo.get(commit).commit_time)
     return wheel

@@ -75,7 +75,7 @@ def _cache_inputs(
 ) -> dict:
     backend = {pkg: importlib.metadata.version(pkg) for pkg in BACKEND_PACKAGES}
     return {
-        "builder": code_key("wheels", "sources", "repack"),
+        "builder": code_key("wheels", "sources", "repack", "wheelfiles"),
         "fork_commit": result.fork_commit,
         "fork_tree": str(repo.get(result.fork_commit).tree.id),
         "submodules": {s.path: s.commit for s in result.checkout.submodules},
