@@ -98,7 +98,7 @@ class Recipe:
         """The readiness check of exactly this recipe: its profile, params and image."""
         words = ["builder", "wait-ready", self.url, "--container", self.container_name,
                  "--profile", self.profile]  # fmt: skip
-        if self.image not in ("-", "") and "@sha256:" + "0" * 64 not in self.image:
+        if self.image not in ("-", ""):  # "-": no image yet (a checkout's manifest names it)
             words += ["--image", self.image]
         for key, value in self.params:
             words += ["--set", f"{key}={value}"]
