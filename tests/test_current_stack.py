@@ -23,6 +23,7 @@ import pytest
 
 from builder import launch
 from builder.target import load_target
+from builder.wheelfiles import write_wheel
 from tests import sglang_flags
 from tests.conftest import REPO_ROOT, Builder
 from tests.services import start_pypiserver
@@ -275,17 +276,8 @@ def _as_release(wheel: Path, version: str, out: Path) -> Path:
     renamed[f"{info}/METADATA"] = "".join(
         f"Version: {version}\n" if line.startswith("Version: ") else line for line in meta
     ).encode()
-    record = io.StringIO()
-    rows = csv.writer(record, lineterminator="\n")
-    for name, data in renamed.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        rows.writerow((name, f"sha256={digest}", len(data)))
-    rows.writerow((f"{info}/RECORD", "", ""))
-    renamed[f"{info}/RECORD"] = record.getvalue().encode()
     path = out / PIN["ref"].replace("-0.5.23-", f"-{version}-")
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in renamed.items():
-            archive.writestr(name, data)
+    write_wheel(path, {name: (data, 0o644) for name, data in renamed.items()})
     return path
 
 
