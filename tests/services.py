@@ -46,14 +46,19 @@ def port_open(port: int) -> bool:
 class Daemon:
     host: str
     process: subprocess.Popen | None
+    data_root: Path | None = None
 
-    def stop(self) -> None:
+    def stop(self, *, remove_data: bool = False) -> None:
+        """Stop the engine; `remove_data` frees its images (gigabytes: CI's disk is finite)."""
         if self.process:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait()
+        if remove_data and self.data_root:
+            shutil.rmtree(self.data_root, ignore_errors=True)
 
 
 def start_dockerd(root: Path, *, second: bool = False) -> Daemon:
@@ -87,7 +92,7 @@ def start_dockerd(root: Path, *, second: bool = False) -> Daemon:
         return subprocess.run([docker_cli, "-H", host, "info"], capture_output=True).returncode == 0
 
     wait_for(ready, 60, "dockerd")
-    return Daemon(host, process)
+    return Daemon(host, process, root / "data")
 
 
 def start_process(command: list[str], port: int, log: Path, what: str) -> subprocess.Popen:

@@ -147,7 +147,7 @@ def test_a_fresh_host_takes_every_kernel_from_the_registry(
         second = json.loads(result.stdout)
         installed_b = pip_freeze(client_b, second["image"]["reference"])
     finally:
-        engine.stop()
+        engine.stop(remove_data=True)
     installed_a = pip_freeze(docker_client, first["image"]["reference"])
     assert installed_a == installed_b
     assert "torch==2.9.1" in installed_a
@@ -308,10 +308,10 @@ def test_a_plain_venv_loads_the_kernels_from_the_index_without_compiling(
         script = f"""
 set -e
 python3 -m venv /venv && . /venv/bin/activate
-pip install -q --index-url {index_url} -r /reqs.txt
+pip install -q --no-cache-dir --index-url {index_url} -r /reqs.txt
 # --no-deps: the reduced test runtime lacks some of flashinfer's own requirements (e.g.
 # nvidia-cudnn-frontend); the pair is named exactly, as the manifest records it.
-pip install -q --no-deps --index-url http://127.0.0.1:{port}/simple/ \
+pip install -q --no-cache-dir --no-deps --index-url http://127.0.0.1:{port}/simple/ \
     flashinfer-jit-cache=={kernel_version} flashinfer-python=={wheels["flashinfer"]["version"]}
 rm -f "$(command -v ninja)"
 # No GPU here to detect the arch from (a GPU host needs no FLASHINFER_CUDA_ARCH_LIST).
@@ -321,7 +321,7 @@ from flashinfer.jit.comm import gen_vllm_comm_module
 for gen in (gen_norm_module, gen_vllm_comm_module):
     spec = gen(); spec.build_and_load(); print("loaded", spec.name, spec.aot_path)
 '
-pip install -q --no-deps --force-reinstall /other/{others[0].name}
+pip install -q --no-cache-dir --no-deps --force-reinstall /other/{others[0].name}
 python -c 'import flashinfer' 2>&1 | tail -1
 """
         container = docker_client.containers.run(
