@@ -7,7 +7,7 @@ import sys
 import traceback
 
 from builder import __version__
-from builder.commands import build, jit, patches, serve
+from builder.commands import build, jit, patches, qualify, serve
 from builder.commands.common import EPILOG
 from builder.errors import EXIT_CODES, EXIT_CODES_HELP, BuilderError
 
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     patches.register(sub)
     jit.register(sub)
     serve.register(sub)
+    qualify.register(sub)
     return parser
 
 

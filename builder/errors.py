@@ -11,6 +11,7 @@ EXIT_CODES = {
     "mismatch": 5,  # wait-ready: up, but /server_info shows other backends than asked for
     "stalled": 6,  # wait-ready: no new log line for --stall-minutes before ready
     "drift": 7,  # patches check/refresh: the series cannot move to the new upstream unattended
+    "unqualified": 8,  # qualify: a check failed (its receipt names which)
     "interrupted": 130,  # Ctrl-C: the cache is consistent, run the command again
 }
 
@@ -24,6 +25,7 @@ exit codes:
   5    wait-ready: up, but /server_info shows other backends than the profile asked for
   6    wait-ready: stalled (no new log line for --stall-minutes before ready)
   7    patches check/refresh: the series cannot move to that upstream unattended
+  8    qualify: a check failed (verify, start-up, correctness or throughput: see the receipt)
   130  interrupted (the cache stays consistent)
 """
 

@@ -54,7 +54,7 @@ class Verdict:
         }
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
+class NoRedirect(urllib.request.HTTPRedirectHandler):
     """A redirect is an answer (its 3xx status), never followed: the server under test is
     the one asked, and its API key goes to no other host."""
 
@@ -62,7 +62,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+NO_REDIRECTS = urllib.request.build_opener(NoRedirect)
 
 
 def _get(url: str, timeout: float, api_key: str | None = None) -> tuple[int, bytes]:
@@ -70,7 +70,7 @@ def _get(url: str, timeout: float, api_key: str | None = None) -> tuple[int, byt
     if api_key:
         request.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with _OPENER.open(request, timeout=timeout) as response:
+        with NO_REDIRECTS.open(request, timeout=timeout) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, b""

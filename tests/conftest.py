@@ -7,18 +7,22 @@ The pins in the copy point at the fixture commits through the documented mechani
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from docker.errors import NotFound
 
 from tests import upstreams
+from tests.services import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -238,3 +242,40 @@ def installed_versions(client, reference: str) -> dict[str, str]:
         network_mode="none",
     )
     return {canonicalize_name(d["name"]): d["version"] for d in json.loads(output)}
+
+
+# The stand-in sglang server (no GPU exists here), run in a container of the test base.
+STANDIN = Path(__file__).with_name("standin_sglang.py")
+GOOD_INFO = {
+    "moe_runner_backend": "flashinfer_cutlass",
+    "attention_backend": "flashinfer",
+    "tp_size": 8,
+    "kv_cache_dtype": "bfloat16",
+    "enable_flashinfer_allreduce_fusion": False,
+    "quantization": "modelopt_fp4",
+}
+
+
+@pytest.fixture
+def standin(docker_client, test_base):
+    started = []
+
+    def start(volumes: dict | None = None, args: tuple = (), **env: str) -> tuple[str, str]:
+        port = free_port()
+        name = f"standin-{uuid.uuid4().hex[:8]}"
+        docker_client.containers.run(
+            test_base,
+            ["python3", "/standin.py", str(port), *args],
+            name=name,
+            detach=True,
+            network_mode="host",
+            environment={"SERVER_INFO": json.dumps(GOOD_INFO), **env},
+            volumes={str(STANDIN): {"bind": "/standin.py", "mode": "ro"}, **(volumes or {})},
+        )
+        started.append(name)
+        return f"http://127.0.0.1:{port}", name
+
+    yield start
+    for name in started:
+        with contextlib.suppress(NotFound):  # a test may have removed it
+            docker_client.containers.get(name).remove(force=True)

@@ -8,10 +8,20 @@ JIT_AT_START=ACT (in an image with flashinfer) it first loads FlashInfer's `ACT_
 module the way FlashInfer does at first use (`JitSpec.build_and_load`): from the kernel
 wheel when it holds the module, else compiled with real ninja and nvcc, like a server
 loading a kernel its image did not pre-compile. Loading needs the CUDA runtime, no GPU.
+With WRITE_AT_START=PATH[;PATH...] it writes those files first, as DeepGEMM, sglang's JIT or
+Triton leave a compiled kernel in their cache (they compile only on a GPU: a stand-in).
+
+It also plays a model for `builder qualify`: /v1/models, /v1/chat/completions (the right
+answer to each of qualify's probes, and the code hidden in a needle prompt; with
+WRONG_TEXT=1 garbled text, as an FP8 KV pool read the wrong way gives; with
+NEEDLE_LIMIT=N a wrong code past N prompt tokens, as attention that loses the needle past
+the sparse top-k) and /generate streaming one token each TOKEN_SECONDS. A token here is
+4 characters of prompt.
 """
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -22,6 +32,28 @@ STARTUP = float(os.environ.get("STARTUP_SECONDS", "3"))
 DIE_AFTER = os.environ.get("DIE_AFTER_SECONDS")
 SERVER_INFO = json.loads(os.environ.get("SERVER_INFO", "{}"))
 API_KEY = None  # `--api-key KEY` as sglang takes it: every path but /health* needs it
+WRONG_TEXT = os.environ.get("WRONG_TEXT") == "1"
+NEEDLE_LIMIT = int(os.environ.get("NEEDLE_LIMIT", "0"))
+TOKEN_SECONDS = float(os.environ.get("TOKEN_SECONDS", "0.002"))
+CONTEXT_LENGTH = int(os.environ.get("CONTEXT_LENGTH", "32768"))
+ANSWERS = {  # what a working model says to builder qualify's probes
+    "17 + 25": "42",
+    "12 times 12": "144.",
+    "1000 minus 1": "999",
+    "capital of France": "Paris.",
+    "Red Planet": "Mars",
+    "formula of water": "H2O",
+}
+
+
+def chat_answer(prompt: str) -> str:
+    if WRONG_TEXT:
+        return "ÃÂ§ the the the ¿¿"
+    code = re.search(r"access code is (\S+)\.", prompt)
+    if code:
+        lost = NEEDLE_LIMIT and len(prompt) // 4 > NEEDLE_LIMIT
+        return "ZZZZ-0000" if lost else code.group(1)
+    return next((a for q, a in ANSWERS.items() if q in prompt), "I do not know")
 
 
 def api_key_argument(args: list[str]) -> str | None:
@@ -37,6 +69,33 @@ class Handler(BaseHTTPRequestHandler):
             self._send(401, b"")
         elif self.path in ("/server_info", "/get_server_info"):
             self._send(503 if loading else 200, json.dumps(SERVER_INFO).encode())
+        elif self.path == "/v1/models":
+            model = {"id": "standin", "max_model_len": CONTEXT_LENGTH}
+            self._send(200, json.dumps({"data": [model]}).encode())
+        else:
+            self._send(404, b"")
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        if API_KEY and self.headers.get("Authorization") != f"Bearer {API_KEY}":
+            self._send(401, b"")
+        elif self.path == "/v1/chat/completions":
+            prompt = body["messages"][-1]["content"]
+            answer = {
+                "choices": [{"message": {"role": "assistant", "content": chat_answer(prompt)}}],
+                "usage": {"prompt_tokens": len(prompt) // 4},
+            }
+            self._send(200, json.dumps(answer).encode())
+        elif self.path == "/generate" and body.get("stream"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for count in range(1, body["sampling_params"]["max_new_tokens"] + 1):
+                time.sleep(TOKEN_SECONDS)
+                chunk = {"text": "x" * count, "meta_info": {"completion_tokens": count}}
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
         else:
             self._send(404, b"")
 
@@ -74,6 +133,10 @@ if __name__ == "__main__":
     print(f"standin: server_args=ServerArgs(port={port_argument(sys.argv[1:])})", flush=True)
     if os.environ.get("JIT_AT_START"):
         build_jit_module(os.environ["JIT_AT_START"])
+    for kernel_file in filter(None, os.environ.get("WRITE_AT_START", "").split(";")):
+        os.makedirs(os.path.dirname(kernel_file), exist_ok=True)
+        with open(kernel_file, "wb") as handle:
+            handle.write(b"\x7fELF stand-in kernel")
     # A start that hangs without a word before the port opens (NCCL init stuck on P2P).
     time.sleep(float(os.environ.get("SILENT_SECONDS", "0")))
     if DIE_AFTER:

@@ -95,6 +95,8 @@ def test_a_module_compiled_at_start_is_reported_harvested_and_baked_in(
         )  # fmt: skip
         jit = next(f for f in json.loads(doctor.stdout) if f["check"] == "jit")
         assert not jit["ok"] and MISSING_MODULE in jit["detail"]
+        others = next(f for f in json.loads(doctor.stdout) if f["check"] == "other jit")
+        assert others["ok"] and "DeepGEMM 0, sglang JIT 0, Triton 0" in others["detail"]
         assert f"builder jit harvest --container {name}" in jit["fix"]
 
         harvested = _harvest(builder, docker_host, name)

@@ -378,3 +378,71 @@ def test_doctor_on_a_vm_needs_only_the_image(built_image, docker_host, tmp_path)
     findings = {f["check"]: f for f in json.loads(result.stdout)}
     assert "shm" in findings and ("gpus" in findings or "gpu count" in findings)
     assert findings["image"]["ok"], findings["image"]
+
+
+def test_qualify_through_the_images_recipe_and_its_receipt_beside_the_image(
+    standin_image, docker_client, docker_host, registry, tmp_path
+) -> None:
+    """The stand-in started by the image's own recipe (launch --image, by digest from the
+    registry), qualified with --push-receipt; launch and verify then show the receipt, and a
+    receipt forged for another image under this image's tag is refused."""
+    from tests.conftest import REGISTRY_USER
+    from tests.services import free_port
+
+    repository = f"{registry}/vm/qualified"
+    auth = {"username": REGISTRY_USER, "password": REGISTRY_PASSWORD}
+    docker_client.images.get(standin_image).tag(repository, "test")
+    docker_client.images.push(repository, tag="test", auth_config=auth)
+    (reference,) = [
+        d for d in docker_client.images.get(standin_image).attrs["RepoDigests"]
+        if d.startswith(repository)
+    ]  # fmt: skip
+    port, name = free_port(), f"recipe-qualify-{free_port()}"
+    recipe = _start_from_recipe(tmp_path, docker_host, reference, port, name)
+    try:
+        out = tmp_path / "qualify"
+        result = bare_builder(
+            tmp_path, docker_host, "qualify", recipe["readiness"]["url"], "--container", name,
+            "--profile", recipe["profile"], "--no-throughput", "--needles", "4096",
+            "--out", str(out), "--push-receipt", check=False,
+        )  # fmt: skip
+        assert REGISTRY_PASSWORD not in result.stdout + result.stderr
+        receipt = json.loads((out / "receipt.json").read_text())
+        # verify comes first, and the test image's reduced runtime fails its pip check
+        # (test_verify_passes_on_the_image): a true finding, so qualify stops there.
+        assert result.returncode == 8, result.stdout + result.stderr
+        assert receipt["result"]["failed_at"] == "verify"
+        assert receipt["server"]["image"]["repo_digests"] == [reference]
+        assert "receipt pushed beside its image" in result.stderr
+        tag = reference.split("@")[1].replace(":", "-") + ".receipt"
+
+        launched = bare_builder(tmp_path, docker_host, "launch", "--image", reference)
+        assert f"receipt {receipt['created']}: NOT qualified (verify)" in launched.stderr
+        verified = bare_builder(tmp_path, docker_host, "verify", reference, "--json", check=False)
+        assert json.loads(verified.stdout)["receipt"].startswith(
+            f"receipt {receipt['created']}: NOT qualified (verify)"
+        )
+
+        # A receipt that describes another image, pushed under this image's tag.
+        forged = tmp_path / "forged"
+        forged.mkdir()
+        other = {
+            **receipt,
+            "server": {
+                **receipt["server"],
+                "image": {
+                    **receipt["server"]["image"],
+                    "repo_digests": [f"{repository}@sha256:{'1' * 64}"],
+                },
+            },
+        }
+        (forged / "receipt.json").write_text(json.dumps(other))
+        (forged / "Dockerfile").write_text("FROM scratch\nCOPY receipt.json /\n")
+        docker_client.images.build(path=str(forged), tag=f"{repository}:{tag}")
+        docker_client.images.push(repository, tag=tag, auth_config=auth)
+        docker_client.images.remove(f"{repository}:{tag}")
+        refused = bare_builder(tmp_path, docker_host, "verify", reference, check=False)
+        assert f"receipt {repository}:{tag} describes another image" in refused.stderr
+        assert "NOT qualified" not in refused.stderr
+    finally:
+        docker_client.containers.get(name).remove(force=True)

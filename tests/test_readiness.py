@@ -7,56 +7,17 @@ detection is tested against real container state, not a heuristic.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import time
-import uuid
-from pathlib import Path
 
 import pytest
-from docker.errors import NotFound
 
-from tests.conftest import REPO_ROOT, Builder
+from tests.conftest import GOOD_INFO, REPO_ROOT, STANDIN, Builder
 from tests.services import free_port
 
 pytestmark = pytest.mark.docker
-
-STANDIN = Path(__file__).with_name("standin_sglang.py")
-GOOD_INFO = {
-    "moe_runner_backend": "flashinfer_cutlass",
-    "attention_backend": "flashinfer",
-    "tp_size": 8,
-    "kv_cache_dtype": "bfloat16",
-    "enable_flashinfer_allreduce_fusion": False,
-    "quantization": "modelopt_fp4",
-}
-
-
-@pytest.fixture
-def standin(docker_client, test_base):
-    started = []
-
-    def start(**env: str) -> tuple[str, str]:
-        port = free_port()
-        name = f"standin-{uuid.uuid4().hex[:8]}"
-        docker_client.containers.run(
-            test_base,
-            ["python3", "/standin.py", str(port)],
-            name=name,
-            detach=True,
-            network_mode="host",
-            environment={"SERVER_INFO": json.dumps(GOOD_INFO), **env},
-            volumes={str(STANDIN): {"bind": "/standin.py", "mode": "ro"}},
-        )
-        started.append(name)
-        return f"http://127.0.0.1:{port}", name
-
-    yield start
-    for name in started:
-        with contextlib.suppress(NotFound):  # a test may have removed it
-            docker_client.containers.get(name).remove(force=True)
 
 
 def wait(builder: Builder, docker_host: str, url: str, *args: str):
@@ -148,6 +109,49 @@ def test_a_silent_start_is_stalled(builder, docker_host, standin) -> None:
     assert "Load weight begin" not in verdict["log_tail"]  # it never got that far
 
 
+def test_kernels_other_jits_compile_at_start_are_named_per_cache(
+    builder, docker_host, docker_client, standin, tmp_path
+) -> None:
+    """The profile keeps sglang's cache on a host volume, where `docker diff` sees nothing:
+    a kernel written there by this start counts, one left by an earlier start does not."""
+    host_cache = tmp_path / "sglang-cache"
+    earlier = host_cache / "deep_gemm/cache/kernel.sm120_fp8_mqa_logits.1111/kernel.cubin"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_bytes(b"compiled by an earlier start")
+    os.utime(earlier, (time.time() - 3600,) * 2)
+    now = [
+        "/root/.cache/sglang/deep_gemm/cache/kernel.sm120_fp8_paged_mqa_logits.2222/kernel.cubin",
+        "/root/.cache/sglang/jit/sm_120/topk_v2/build-ab/deps-cd/topk_v2.so",
+        "/tmp/triton/9f8e/_fwd_kernel.cubin",
+    ]
+    url, name = standin(
+        volumes={str(host_cache): {"bind": "/root/.cache/sglang", "mode": "rw"}},
+        WRITE_AT_START=";".join(now),
+        TRITON_CACHE_DIR="/tmp/triton",
+    )
+    result = wait(builder, docker_host, url, "--container", name)
+    assert result.returncode == 0, result.stdout + result.stderr
+    verdict = json.loads(result.stdout)
+    assert verdict["other_jit_compiled_at_start"] == {
+        "deep_gemm": ["kernel.sm120_fp8_paged_mqa_logits.2222"],
+        "sglang_jit": ["topk_v2"],
+        "triton": ["_fwd_kernel"],
+    }
+    text = builder.run(
+        "wait-ready", url, "--container", name, env={"DOCKER_HOST": docker_host}
+    ).stdout
+    assert "DeepGEMM 1, sglang JIT 1, Triton 1" in text
+    docker_client.containers.get(name).stop(timeout=1)
+    stopped = json.loads(
+        wait(builder, docker_host, url, "--container", name, "--deadline", "0").stdout
+    )
+    assert stopped["other_jit_compiled_at_start"] == {
+        "deep_gemm": None,
+        "sglang_jit": None,
+        "triton": None,
+    }
+
+
 def test_a_closed_port_without_container_is_not_ready_and_never_checked(builder) -> None:
     port = free_port()
     result = builder.run(
@@ -167,8 +171,14 @@ def test_a_closed_port_without_container_is_not_ready_and_never_checked(builder)
         (["ftp://127.0.0.1:21"], "wait-ready URL 'ftp://127.0.0.1:21': expected http://HOST:PORT"),
         (["http://127.0.0.1:99999"], "expected http://HOST:PORT"),
         (["http://127.0.0.1:30000/health"], "give the server root"),
-        (["http://127.0.0.1:30000", "--deadline", "-1"], "--deadline -1: must be a number of minutes, 0 or more"),
-        (["http://127.0.0.1:30000", "--poll", "0"], "--poll 0: must be a number of seconds above 0"),
+        (
+            ["http://127.0.0.1:30000", "--deadline", "-1"],
+            "--deadline -1: must be a number of minutes, 0 or more",
+        ),
+        (
+            ["http://127.0.0.1:30000", "--poll", "0"],
+            "--poll 0: must be a number of seconds above 0",
+        ),
         (["http://127.0.0.1:30000", "--expect", "=x"], "--expect =x: expected KEY=VALUE"),
     ],
 )

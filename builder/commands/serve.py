@@ -12,6 +12,7 @@ from pathlib import Path
 
 from docker.errors import APIError, ImageNotFound, NotFound
 from packaging.version import Version
+from rich.markup import escape
 
 from builder import (
     docker_client,
@@ -21,6 +22,8 @@ from builder import (
     manifest,
     progress,
     readiness,
+    receipts,
+    runtime_jit,
     validate,
     verify,
 )
@@ -75,11 +78,13 @@ def _recipe(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
         api_key_file=key_file,
     )
     if args.image:
+        client = docker_client.connect()
         profiles = image_recipe.profiles_of(
-            image_recipe.from_image(docker_client.connect(), args.image), args.image
+            image_recipe.from_image(client, args.image), args.image
         )
         recipe = launch.resolve(profiles, args.profile, args.image, overrides)
         source = f"{args.image}:{image_recipe.RECIPE_PATH}"
+        _say_receipt(client, args.image)
     else:
         data_dir = resolve_data_dir(args.data_dir)
         target = load_target(data_dir, args.target)
@@ -98,6 +103,20 @@ def _recipe(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
     if recipe.experimental:
         progress.warn(f"profile {recipe.profile} is EXPERIMENTAL: {recipe.warning}")
     return recipe, source
+
+
+def _say_receipt(client, image: str) -> str | None:
+    """One line on stderr: what `builder qualify` measured for this image, if pushed."""
+    try:
+        receipt = receipts.fetch(client, image)
+    except BuilderError as exc:
+        progress.warn(str(exc))
+        return None
+    line = (
+        receipts.summary(receipt) if receipt else f"no qualify receipt for {image} in its registry"
+    )
+    progress.info(escape(line))
+    return line
 
 
 def read_api_key(path: str) -> str:
@@ -180,20 +199,24 @@ def _wait(args, url: str, container: str | None, expect: dict, deadline_minutes:
         api_key=read_api_key(args.api_key_file) if args.api_key_file else None,
     )
     result = verdict.to_json()
-    compiled = None
+    compiled = others = None
     if container:
         try:
             watched = client.containers.get(container)
             compiled = [m.name for m in kernels.compiled_in_container(watched)]
+            others = runtime_jit.compiled_in_container(watched)
         except APIError:  # removed (404) or being removed (409): nothing left to inspect
             pass
         result["flashinfer_compiled_at_start"] = compiled
+        result["other_jit_compiled_at_start"] = others.to_json() if others else None
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
     else:
         print(f"{verdict.state}: {verdict.message}")
         if compiled is not None:
             print(_compiled_line(compiled, container))
+        if others is not None:
+            print(others.summary())
         if verdict.log_tail:
             print("last log lines:\n" + verdict.log_tail.rstrip())
     if verdict.exit_code:
@@ -244,19 +267,22 @@ def cmd_wait_ready(args: argparse.Namespace) -> None:
 
 def cmd_verify(args: argparse.Namespace) -> None:
     validate.image_reference("verify IMAGE", args.image)
-    built, checks = verify.verify(docker_client.connect(), args.image)
+    client = docker_client.connect()
+    built, checks = verify.verify(client, args.image)
     failed = [check for check in checks if not check.ok]
     verdict = (
         f"{len(failed)} of {len(checks)} checks failed"
         if failed
         else f"all {len(checks)} checks passed: {args.image} is what its recipe says"
     )
+    receipt = _say_receipt(client, args.image)
     if args.json:
         result = {
             "image": args.image,
             "target": built["target"]["name"],
             "ok": not failed,
             "checks": [check.to_json() for check in checks],
+            "receipt": receipt,
         }
         print(json.dumps(result, indent=2, sort_keys=True))
     else:
@@ -328,6 +354,16 @@ def cmd_doctor(args: argparse.Namespace) -> None:
                 not compiled,
                 _compiled_line(compiled, args.container),
                 f"builder jit harvest --container {args.container}, then builder image",
+            )
+        )
+        others = runtime_jit.compiled_in_container(container)
+        findings.append(
+            doctor.Finding(
+                "other jit",
+                not others.total,
+                others.summary(),
+                "kept on the profile's sglang cache volume: the next start on this host "
+                "reuses them (if it does not, the volume is missing from the run command)",
             )
         )
     if args.image and client is not None:

@@ -1,0 +1,541 @@
+"""`builder qualify`: one command on the GPU VM proves a running server right and fast, and
+leaves a receipt; `--compare` puts receipts side by side."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from docker.errors import APIError, NotFound
+from rich.markup import escape
+
+from builder import (
+    docker_client,
+    gpu_state,
+    kernels,
+    launch,
+    progress,
+    qualify,
+    readiness,
+    receipts,
+    runtime_jit,
+    validate,
+    verify,
+)
+from builder import recipe as image_recipe
+from builder.cache import atomic_write_text
+from builder.commands.common import EPILOG, add_output_options, add_project_options
+from builder.commands.serve import read_api_key
+from builder.errors import EXIT_CODES, BuilderError
+from builder.identity import builder_identity
+from builder.image import LABEL_PREFIX
+from builder.settings import resolve_data_dir
+from builder.target import load_target
+
+RECEIPT_SCHEMA = "builder-qualify-receipt/1"
+DEFAULT_CONCURRENCY = "1,64,256,1024"
+DEFAULT_NEEDLES = "4096,16384,65536"
+# What the field measured by hand on 8x RTX PRO 6000, GLM-5-NVFP4 TP-8, flashinfer_cutlass
+# MoE, 1024 concurrent requests: the line `--compare` draws receipts against.
+FIELD_REFERENCE = {"concurrency": 1024, "output_throughput": 3740}
+
+
+def _numbers(flag: str, text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v <= 0 for v in values):
+        raise BuilderError(f"{flag} {text!r}: expected whole numbers above 0, e.g. 1,64,256")
+    return values
+
+
+def _public_url(url: str) -> str:
+    """The URL without user:password@ (the receipt and the log never hold credentials)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _image_of(client, container) -> dict:
+    image = container.image
+    built_by_builder = any(key.startswith(LABEL_PREFIX) for key in image.labels or {})
+    return {
+        "reference": container.attrs["Config"].get("Image"),
+        "id": image.id,
+        "repo_digests": image.attrs.get("RepoDigests") or [],
+        "built_by_builder": built_by_builder,
+    }
+
+
+def _server_command(container) -> list[str]:
+    """What the container runs (entrypoint + command), with any --api-key value hidden."""
+    config = container.attrs["Config"]
+    command = [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
+    return [
+        "<redacted>" if index and command[index - 1] == "--api-key" else part
+        for index, part in enumerate(command)
+    ]
+
+
+def _started_seconds_ago(container) -> float | None:
+    stamp = container.attrs["State"].get("StartedAt", "")
+    try:
+        started = datetime.fromisoformat(stamp.rstrip("Z")[:26] + "+00:00")
+    except ValueError:
+        return None
+    return (datetime.now(UTC) - started).total_seconds()
+
+
+class _Run:
+    """The receipt as it fills, and the first hard failure."""
+
+    def __init__(self, receipt: dict) -> None:
+        self.receipt = receipt
+
+    def fail(self, check: str, message: str) -> None:
+        self.receipt["result"] = {"ok": False, "failed_at": check, "message": message}
+        raise _Failed(check, message)
+
+
+class _Failed(Exception):
+    def __init__(self, check: str, message: str) -> None:
+        super().__init__(f"{check}: {message}")
+        self.check = check
+
+
+def _expect_from_profile(args, client, image: dict | None) -> tuple[dict, float | None]:
+    """The backends the profile asks for, and its deadline: from the image's own recipe
+    when it is a builder image, else from the checkout's target."""
+    if not args.profile:
+        return {}, None
+    reference = args.image or (image or {}).get("id")
+    if reference and (args.image or image.get("built_by_builder")):
+        built = image_recipe.from_image(client, reference)
+        source = image_recipe.profiles_of(built, reference)
+    else:
+        source = load_target(resolve_data_dir(args.data_dir), args.target).file
+    params = tuple(item.partition("=")[::2] for item in args.set)
+    recipe = launch.resolve(source, args.profile, "-", launch.Overrides(params=params))
+    return dict(recipe.expect), recipe.ready_deadline_minutes
+
+
+def cmd_qualify(args: argparse.Namespace) -> None:
+    if args.compare:
+        _compare(args)
+        return
+    if not args.url:
+        raise BuilderError("qualify: give the server URL (http://HOST:PORT), or --compare A B")
+    url = validate.server_url("qualify URL", args.url)
+    concurrency = _numbers("--concurrency", args.concurrency)
+    needles = _numbers("--needles", args.needles)
+    for flag, value, low in (
+        ("--deadline", args.deadline, 0),
+        ("--level-seconds", args.level_seconds, 1),
+    ):
+        if value is not None and not (math.isfinite(value) and value >= low):
+            raise BuilderError(f"{flag} {value:g}: must be a number, {low} or more")
+    for flag, value in (("--input-len", args.input_len), ("--output-len", args.output_len)):
+        if value <= 0:
+            raise BuilderError(f"{flag} {value}: must be a whole number above 0")
+    if args.prompts is not None and args.prompts <= 0:
+        raise BuilderError(f"--prompts {args.prompts}: must be a whole number above 0")
+    if args.image:
+        validate.image_reference("--image", args.image)
+    for item in args.set:
+        if "=" not in item or item.startswith("="):
+            raise BuilderError(f"--set {item}: expected KEY=VALUE")
+    out = validate.writable_dir("--out", args.out)
+    api_key = read_api_key(args.api_key_file) if args.api_key_file else None
+
+    client = docker_client.connect() if (args.container or args.image) else None
+    container = None
+    if args.container:
+        try:
+            container = client.containers.get(args.container)
+        except NotFound:
+            raise BuilderError(f"--container {args.container}: no such container") from None
+    image = _image_of(client, container) if container else None
+    if args.image:
+        image = {**(image or {}), "reference": args.image}
+
+    receipt: dict = {
+        "schema": RECEIPT_SCHEMA,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "builder": builder_identity(),
+        "server": {
+            "url": _public_url(url),
+            "container": args.container,
+            "image": image,
+            "profile": args.profile,
+            "command": _server_command(container) if container else None,
+        },
+        "gpus": gpu_state.describe(),
+        "verify": None,
+        "startup": None,
+        "correctness": None,
+        "throughput": None,
+        "result": {"ok": True, "failed_at": None, "message": "every check passed"},
+    }
+    run = _Run(receipt)
+    with contextlib.suppress(_Failed):  # the receipt says where it stopped
+        _checks(args, run, client, container, image, url, api_key, concurrency, needles)
+    receipt_path = out / "receipt.json"
+    atomic_write_text(receipt_path, json.dumps(receipt, indent=2, sort_keys=True) + "\n")
+    plot = _plot(receipt, out / "receipt.png") if receipt["throughput"] else None
+    _report(args, receipt, receipt_path, plot)
+    if args.push_receipt:
+        pushed = receipts.push(client or docker_client.connect(), receipt_path)
+        progress.info(escape(f"receipt pushed beside its image: {pushed}"))
+    if not receipt["result"]["ok"]:
+        raise SystemExit(EXIT_CODES["unqualified"])
+
+
+def _checks(args, run, client, container, image, url, api_key, concurrency, needles) -> None:
+    receipt = run.receipt
+    # 1. The image's own promise, when it is known and a builder image.
+    reference = args.image or (image or {}).get("id")
+    if reference and (args.image or image.get("built_by_builder")):
+        with progress.task(f"verify {reference}"):
+            _, checks = verify.verify(client, reference)
+        failed = [c for c in checks if not c.ok]
+        receipt["verify"] = {"ok": not failed, "checks": [c.to_json() for c in checks]}
+        if failed:
+            run.fail("verify", f"{failed[0].check}: {failed[0].detail}")
+
+    # 2. Start-up: ready (and the profile's backends), then every JIT compile it cost.
+    expect, profile_deadline = _expect_from_profile(args, client, image)
+    deadline = args.deadline if args.deadline is not None else (profile_deadline or 20)
+    verdict = readiness.wait_ready(
+        url,
+        deadline_s=deadline * 60,
+        expect=expect,
+        container=args.container,
+        docker_client=client,
+        poll_s=2.0,
+        stall_s=15 * 60,
+        api_key=api_key,
+    )
+    startup: dict = {"state": verdict.state, "message": verdict.message}
+    receipt["startup"] = startup
+    if verdict.state != "ready":
+        run.fail("startup", f"{verdict.state}: {verdict.message}")
+    startup["ready_seconds"] = (
+        round(_started_seconds_ago(container), 1) if container else round(verdict.elapsed, 1)
+    )
+    startup["ready_seconds_from"] = "container start" if container else "qualify start"
+    server_info = verdict.server_info
+    receipt["server"]["server_info"] = {
+        key: server_info.get(key)
+        for key in sorted(server_info)
+        if not isinstance(server_info.get(key), dict | list) and "key" not in key.lower()
+    }
+    if container:
+        try:
+            flashinfer = [m.name for m in kernels.compiled_in_container(container)]
+            others = runtime_jit.compiled_in_container(container)
+        except APIError as exc:
+            run.fail("startup", f"cannot inspect container {args.container}: {exc.explanation}")
+        compiled = {"flashinfer": flashinfer, **others.to_json()}
+        startup["compiled_at_start"] = compiled
+        counted = {cache: names for cache, names in compiled.items() if names}
+        if counted and not args.accept_start_compiles:
+            names = "; ".join(f"{cache}: {', '.join(n)}" for cache, n in counted.items())
+            fix = (
+                f"builder jit harvest --container {args.container}, then rebuild"
+                if flashinfer
+                else "they are on the sglang cache volume now: restart and qualify again"
+            )
+            run.fail("startup", f"{sum(map(len, counted.values()))} JIT compiles ({names}); {fix}")
+    else:
+        startup["compiled_at_start"] = None  # no container: nothing to look into
+
+    # 3. Correctness at temperature 0.
+    server = qualify.Server(url, api_key)
+    try:
+        model, context = qualify.served_model(server)
+    except qualify.QualifyError as exc:
+        run.fail("correctness", str(exc))
+    correctness: dict = {"model": model, "context_length": context}
+    receipt["correctness"] = correctness
+    with progress.task(f"correctness: {len(qualify.PROBES)} probes"):
+        try:
+            correctness["probes"] = qualify.run_probes(server, model)
+        except qualify.QualifyError as exc:
+            correctness["probes"] = exc.partial
+            run.fail("correctness", str(exc))
+    with progress.task(f"correctness: needles at {', '.join(map(str, needles))} tokens"):
+        try:
+            correctness["needles"] = qualify.run_needles(server, model, needles, context, args.seed)
+        except qualify.QualifyError as exc:
+            correctness["needles"] = exc.partial
+            run.fail("correctness", str(exc))
+
+    # 4. Throughput, with the GPUs sampled through each level.
+    if args.no_throughput:
+        return
+    levels = []
+    receipt["throughput"] = {
+        "client": "builder (sglang bench_serving's metric definitions, /generate streaming)",
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "seed": args.seed,
+        "level_seconds": args.level_seconds,
+        "levels": levels,
+    }
+    for level in concurrency:
+        prompts = args.prompts or min(max(4 * level, 16), 4096)
+        with progress.task(f"throughput: concurrency {level}, {prompts} prompts"):
+            sampler = gpu_state.measure()
+            result = qualify.run_level(
+                server, level, prompts, args.input_len, args.output_len, args.seed,
+                args.level_seconds,
+            )  # fmt: skip
+            result["gpu"] = sampler.stop()
+        levels.append(result)
+        if not result["completed"]:
+            run.fail(
+                "throughput",
+                f"concurrency {level}: no request completed ({result['first_error']})",
+            )
+
+
+def _report(args, receipt: dict, path: Path, plot: Path | None) -> None:
+    if args.json:
+        print(json.dumps({**receipt, "receipt": str(path), "plot": plot and str(plot)}, indent=2))
+        return
+    lines = []
+    startup = receipt["startup"] or {}
+    if receipt["verify"]:
+        lines.append(f"verify: {'ok' if receipt['verify']['ok'] else 'FAILED'}")
+    if "ready_seconds" in startup:
+        lines.append(
+            f"ready {startup['ready_seconds']:.0f} s after {startup['ready_seconds_from']}"
+        )
+    compiled = startup.get("compiled_at_start")
+    if compiled:
+        lines.append(
+            "JIT compiles at start-up: "
+            + ", ".join(
+                f"{cache} {len(n) if n is not None else '?'}" for cache, n in compiled.items()
+            )
+        )
+    correctness = receipt["correctness"] or {}
+    for probe in correctness.get("probes") or []:
+        answer = probe["answer"].strip()[:40]
+        lines.append(f"{'ok  ' if probe['ok'] else 'FAIL'} probe {probe['name']}: {answer!r}")
+    for needle in correctness.get("needles") or []:
+        tokens = needle["prompt_tokens"] or needle["target_tokens"]
+        lines.append(f"{'ok  ' if needle['ok'] else 'FAIL'} needle at {tokens} tokens")
+    for level in (receipt["throughput"] or {}).get("levels", []):
+        gpu = level["gpu"]
+        power = (
+            "GPU power "
+            + "/".join(f"{g['power_pct_of_limit_mean']:.0f}" for g in gpu["per_gpu"])
+            + " % of limit"
+            if gpu.get("sampled")
+            else f"GPUs not sampled ({gpu.get('why')})"
+        )
+        lines.append(
+            f"concurrency {level['concurrency']}: {level['output_throughput']} output tok/s, "
+            f"{level['request_throughput']} req/s, TTFT p50 {level['ttft_ms']['p50']} ms, "
+            f"TPOT p50 {level['tpot_ms']['p50']} ms; {power}"
+        )
+    result = receipt["result"]
+    lines.append(
+        "qualified: every check passed"
+        if result["ok"]
+        else f"NOT qualified: {result['failed_at']}: {result['message']}"
+    )
+    lines.append(f"receipt: {path}" + (f" (plot: {plot})" if plot else ""))
+    print("\n".join(lines))
+
+
+def _plot(receipt: dict, path: Path) -> Path | None:
+    """Output tok/s and mean GPU power against concurrency, as PNG (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        progress.warn("no plot: matplotlib is not installed (pip install 'builder[plot]')")
+        return None
+    levels = receipt["throughput"]["levels"]
+    x = [level["concurrency"] for level in levels]
+    figure, tokens = plt.subplots(figsize=(7, 4))
+    tokens.plot(x, [level["output_throughput"] for level in levels], "o-", label="output tok/s")
+    field = f"field: {FIELD_REFERENCE['output_throughput']:,} tok/s at 1024"
+    tokens.axhline(FIELD_REFERENCE["output_throughput"], ls=":", c="grey", label=field)
+    tokens.set_xscale("log", base=2)
+    tokens.set_xticks(x, [str(c) for c in x])
+    tokens.set_xlabel("concurrency")
+    tokens.set_ylabel("output tok/s")
+    power = [
+        sum(g["power_w_mean"] for g in level["gpu"]["per_gpu"])
+        for level in levels
+        if level["gpu"].get("sampled")
+    ]
+    if len(power) == len(levels):
+        watts = tokens.twinx()
+        watts.plot(x, power, "s--", c="tab:red", label="GPU power (W, all GPUs)")
+        watts.set_ylabel("W")
+    tokens.legend(loc="upper left")
+    tokens.set_title(f"qualify {receipt['server']['url']} {receipt['created']}")
+    figure.tight_layout()
+    figure.savefig(path.with_suffix(".partial.png"))
+    plt.close(figure)
+    path.with_suffix(".partial.png").replace(path)
+    return path
+
+
+def _load_receipt(path: str) -> dict:
+    try:
+        receipt = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BuilderError(f"--compare {path}: not a readable receipt ({exc})") from None
+    if receipt.get("schema") != RECEIPT_SCHEMA:
+        raise BuilderError(f"--compare {path}: not a {RECEIPT_SCHEMA} receipt")
+    return receipt
+
+
+def _compare(args) -> None:
+    receipts = [(path, _load_receipt(path)) for path in args.compare]
+    if len(receipts) < 2:
+        raise BuilderError("--compare: give two receipts or more")
+    levels = sorted(
+        {
+            lvl["concurrency"]
+            for _, r in receipts
+            for lvl in (r["throughput"] or {}).get("levels", [])
+        }
+    )
+    by_level = [
+        {lvl["concurrency"]: lvl for lvl in (r["throughput"] or {}).get("levels", [])}
+        for _, r in receipts
+    ]
+    header = ["", *(Path(p).parent.name or p for p, _ in receipts)]
+    rows = [
+        ["profile", *(r["server"].get("profile") or "-" for _, r in receipts)],
+        [
+            "result",
+            *(
+                "ok" if r["result"]["ok"] else f"FAIL {r['result']['failed_at']}"
+                for _, r in receipts
+            ),
+        ],
+    ]
+    for level in levels:
+        for key, label in (
+            ("output_throughput", "tok/s"),
+            ("ttft_ms", "TTFT p50 ms"),
+            ("tpot_ms", "TPOT p50 ms"),
+        ):
+            cells = []
+            for levels_of in by_level:
+                value = levels_of.get(level, {}).get(key)
+                cells.append(
+                    "-"
+                    if value is None
+                    else str(value["p50"] if isinstance(value, dict) else value)
+                )
+            rows.append([f"c={level} {label}", *cells])
+    reference = FIELD_REFERENCE
+    rows.append(
+        [
+            f"field c={reference['concurrency']} tok/s",
+            *[str(reference["output_throughput"])] * len(receipts),
+        ]
+    )
+    if args.json:
+        print(json.dumps({"columns": header, "rows": rows}, indent=2))
+        return
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+
+
+def register(sub) -> None:
+    command = sub.add_parser(
+        "qualify",
+        help="prove a running server right and fast on this machine's GPUs; write a receipt",
+        description="""\
+Run against a server (URL; --container to watch it, --api-key-file if it wants a key),
+in order, stopping at the first hard failure with one line that names it:
+  verify      the image's own checks (with --image, or a --container of a builder image)
+  startup     ready (the --profile's backends), then every JIT compile the start cost,
+              per cache: FlashInfer, DeepGEMM, sglang's JIT, Triton (0 expected)
+  correctness short probes with one right answer, at temperature 0; then a code hidden
+              in filler at each --needles length (past the sparse top-k of 2048 tokens)
+  throughput  random prompts from --seed at each --concurrency, bench_serving's
+              definitions (output tok/s, req/s, TTFT and TPOT p50/p99), the GPUs'
+              power, SM clock, utilisation and memory sampled with NVML meanwhile
+The receipt (receipt.json, and receipt.png when matplotlib is installed) goes to --out;
+--push-receipt also stores it beside the image in its registry, for verify and launch.
+Exit codes: 0 qualified, 1 bad input, 8 a check failed (the receipt says which).
+
+examples:
+  builder qualify http://127.0.0.1:30000 --container sglang-glm5 --profile glm5-nvfp4-tp8
+  builder qualify --compare default/receipt.json pcie-ar/receipt.json""",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    command.add_argument("url", nargs="?", help="server root, e.g. http://127.0.0.1:30000")
+    command.add_argument("--container", help="the server's container: crashes, JIT compiles")
+    command.add_argument("--api-key-file", metavar="FILE", help="file holding the server's key")
+    command.add_argument("--image", metavar="REF", help="the server's image: verify it first")
+    command.add_argument(
+        "--profile", help="the launch profile it runs: its backends are checked at start-up"
+    )
+    command.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a profile param the server was launched with (as launch --set)",
+    )  # fmt: skip
+    command.add_argument(
+        "--concurrency", default=DEFAULT_CONCURRENCY, metavar="N,N,...",
+        help=f"throughput levels (default: {DEFAULT_CONCURRENCY})",
+    )  # fmt: skip
+    command.add_argument(
+        "--prompts", type=int, metavar="N",
+        help="requests per level (default: 4 x concurrency, 16 to 4096)",
+    )  # fmt: skip
+    command.add_argument("--input-len", type=int, default=1024, metavar="TOKENS")
+    command.add_argument("--output-len", type=int, default=256, metavar="TOKENS")
+    command.add_argument(
+        "--level-seconds", type=float, default=300, metavar="S",
+        help="no new request after this long in a level (default: 300)",
+    )  # fmt: skip
+    command.add_argument(
+        "--needles", default=DEFAULT_NEEDLES, metavar="TOKENS,...",
+        help=f"needle lengths, clamped to the served context (default: {DEFAULT_NEEDLES})",
+    )  # fmt: skip
+    command.add_argument("--seed", type=int, default=1, help="prompts and needles (default: 1)")
+    command.add_argument(
+        "--deadline", type=float, metavar="MINUTES",
+        help="minutes to wait for ready (default: the profile's, or 20)",
+    )  # fmt: skip
+    command.add_argument(
+        "--accept-start-compiles", action="store_true",
+        help="record JIT compiles at start-up without failing (a host's first start)",
+    )  # fmt: skip
+    command.add_argument("--no-throughput", action="store_true", help="stop after correctness")
+    command.add_argument("--out", default="qualify", help="receipt folder (default: ./qualify)")
+    command.add_argument(
+        "--push-receipt", action="store_true",
+        help="store the receipt in the image's registry, tagged by the image's digest "
+        "(REPO:sha256-<hex>.receipt); verify and launch --image then show it",
+    )  # fmt: skip
+    command.add_argument(
+        "--compare", nargs="+", metavar="RECEIPT", help="print receipts side by side and stop"
+    )
+    add_project_options(command)
+    add_output_options(command)
+    command.set_defaults(func=cmd_qualify)

@@ -1,0 +1,316 @@
+"""`builder qualify`'s checks against a running sglang server: right answers, then speed.
+
+Correctness is asked at temperature 0 through the OpenAI chat API: short probes with one
+known answer (exact match after trimming case, spaces and end punctuation), then a code
+hidden in filler text at lengths past DSA's top-k (2048 tokens), where sparse attention
+first differs from dense: an FP8 KV pool read the wrong way, or an indexer that drops the
+needle, fails here. Throughput follows sglang's `bench_serving` definitions (its `sglang`
+backend with tokenized random prompts): each request streams from /generate with
+`ignore_eos`; output tok/s is the output tokens of completed requests over the level's
+wall time, TTFT the time to the first streamed token, TPOT (latency - TTFT) / (tokens - 1).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import statistics
+import string
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from builder.readiness import NO_REDIRECTS
+
+DSA_TOP_K = 2048  # GLM-5's sparse attention keeps this many tokens per query
+# Random prompt tokens are drawn from ids every tokenizer of this family has (GLM-5: 151k).
+TOKEN_IDS = (1000, 30000)
+
+
+class QualifyError(Exception):
+    """A check that failed; the message names it, `partial` holds what ran before it."""
+
+    def __init__(self, message: str, partial: list | None = None) -> None:
+        super().__init__(message)
+        self.partial = partial or []
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    prompt: str
+    answers: tuple[str, ...]  # accepted, after normalise()
+
+
+PROBES = (
+    Probe("add", "What is 17 + 25? Reply with the number only.", ("42",)),
+    Probe("multiply", "What is 12 times 12? Reply with the number only.", ("144",)),
+    Probe("subtract", "What is 1000 minus 1? Reply with the number only.", ("999",)),
+    Probe("capital", "What is the capital of France? Reply with one word.", ("paris",)),
+    Probe("planet", "Which planet is called the Red Planet? Reply with one word.", ("mars",)),
+    Probe("water", "What is the chemical formula of water? Reply with it only.", ("h2o",)),
+)
+
+_FILLER = (
+    "the river ran past the old mill while farmers counted sacks of grain and the clerk "
+    "wrote each number twice in a ledger that nobody read until the spring audit came "
+    "round again with its lists of barrels tools carts and the names of every horse"
+)
+
+
+def normalise(text: str) -> str:
+    return text.strip().strip(" \t\r\n.*\"'`!").lower().replace(" ", "")
+
+
+class Server:
+    """A server's HTTP API: bearer key if given, redirects never followed."""
+
+    def __init__(self, url: str, api_key: str | None, timeout: float = 600) -> None:
+        self.url, self.api_key, self.timeout = url, api_key, timeout
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def get(self, path: str) -> dict:
+        return self._call(urllib.request.Request(self.url + path, headers=self._headers()))
+
+    def post(self, path: str, body: dict) -> dict:
+        data = json.dumps(body).encode()
+        return self._call(urllib.request.Request(self.url + path, data, self._headers()))
+
+    def _call(self, request: urllib.request.Request) -> dict:
+        what = f"{request.get_method()} {request.full_url.removeprefix(self.url)}"
+        try:
+            with NO_REDIRECTS.open(request, timeout=self.timeout) as response:
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):
+                key = "the API key is not the server's" if self.api_key else "pass --api-key-file"
+                message = f"{what}: {exc.code}, the server wants an API key ({key})"
+                raise QualifyError(message) from None
+            raise QualifyError(f"{what}: HTTP {exc.code}") from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise QualifyError(f"{what}: no answer from {self.url} ({reason})") from None
+        except json.JSONDecodeError:
+            raise QualifyError(f"{what}: the answer is not JSON") from None
+
+    def chat(self, model: str, prompt: str, max_tokens: int) -> tuple[str, int]:
+        """The reply's text at temperature 0 (thinking off), and the prompt's token count."""
+        answer = self.post(
+            "/v1/chat/completions",
+            {
+                "model": model,
+                "messages": [{"role": "user", "content": prompt}],
+                "temperature": 0,
+                "max_tokens": max_tokens,
+                "chat_template_kwargs": {"enable_thinking": False},
+            },
+        )
+        try:
+            text = answer["choices"][0]["message"]["content"] or ""
+        except (KeyError, IndexError, TypeError):
+            raise QualifyError("POST /v1/chat/completions: no choices in the answer") from None
+        return text, int((answer.get("usage") or {}).get("prompt_tokens") or 0)
+
+
+def served_model(server: Server) -> tuple[str, int | None]:
+    """The model id /v1/models lists first, and its context length when it says."""
+    models = server.get("/v1/models").get("data") or []
+    if not models:
+        raise QualifyError("GET /v1/models: the server lists no model")
+    first = models[0]
+    return first["id"], first.get("max_model_len")
+
+
+# --- correctness ---------------------------------------------------------------------------
+
+
+def run_probes(server: Server, model: str) -> list[dict]:
+    """Each probe's answer; raises at the first wrong one, naming it."""
+    results = []
+    for probe in PROBES:
+        text, _ = server.chat(model, probe.prompt, max_tokens=16)
+        ok = normalise(text) in probe.answers
+        results.append({"name": probe.name, "prompt": probe.prompt, "answer": text, "ok": ok})
+        if not ok:
+            raise QualifyError(
+                f"probe {probe.name} ({probe.prompt!r}): expected {probe.answers[0]!r}, "
+                f"got {text.strip()[:80]!r}",
+                results,
+            )
+    return results
+
+
+def needle_prompt(tokens: int, seed: int, chars_per_token: float) -> tuple[str, str]:
+    """Filler of about `tokens` tokens with a code at a seeded depth, and the code."""
+    rng = random.Random(f"{seed}:{tokens}")
+    code = "-".join(
+        "".join(rng.choice(string.ascii_uppercase + string.digits) for _ in range(4))
+        for _ in range(2)
+    )
+    vocabulary = _FILLER.split()
+    words, length = [], 0
+    while length < tokens * chars_per_token:
+        word = rng.choice(vocabulary)
+        words.append(word)
+        length += len(word) + 1
+    needle = f" The access code is {code}. Remember it. "
+    depth = int(len(words) * rng.uniform(0.2, 0.8))
+    filler = " ".join(words[:depth]) + needle + " ".join(words[depth:])
+    question = "\n\nWhat is the access code given in the text above? Reply with the code only."
+    return filler + question, code
+
+
+def run_needles(
+    server: Server, model: str, lengths: list[int], context: int | None, seed: int
+) -> list[dict]:
+    """The hidden code must come back at each length (clamped to the served context)."""
+    results = []
+    chars_per_token = 4.0
+    for wanted in lengths:
+        tokens = min(wanted, context - 256) if context else wanted
+        if tokens <= 0:
+            continue
+        prompt, code = needle_prompt(tokens, seed, chars_per_token)
+        text, prompt_tokens = server.chat(model, prompt, max_tokens=24)
+        if prompt_tokens and prompt_tokens < 0.8 * tokens:
+            # The tokenizer packs more text per token than guessed: build it to length.
+            chars_per_token *= tokens / prompt_tokens
+            prompt, code = needle_prompt(tokens, seed, chars_per_token)
+            text, prompt_tokens = server.chat(model, prompt, max_tokens=24)
+        ok = code.lower() in text.lower()
+        entry = {
+            "asked_tokens": wanted,
+            "target_tokens": tokens,
+            "prompt_tokens": prompt_tokens or None,
+            "past_top_k": (prompt_tokens or tokens) > DSA_TOP_K,
+            "code": code,
+            "answer": text.strip()[:80],
+            "ok": ok,
+        }
+        results.append(entry)
+        if not ok:
+            raise QualifyError(
+                f"needle at {prompt_tokens or tokens} tokens: expected {code}, "
+                f"got {text.strip()[:80]!r} (long context is wrong past the sparse top-k)",
+                results,
+            )
+    return results
+
+
+# --- throughput ----------------------------------------------------------------------------
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    output_tokens: int = 0
+    ttft: float = 0.0
+    latency: float = 0.0
+    error: str = ""
+
+
+def _stream_generate(server: Server, input_ids: list[int], output_len: int) -> RequestResult:
+    parts = urlsplit(server.url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = kind(parts.hostname, parts.port, timeout=server.timeout)
+    body = {
+        "input_ids": input_ids,
+        "sampling_params": {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True},
+        "stream": True,
+    }
+    started = time.perf_counter()
+    ttft, tokens = 0.0, 0
+    try:
+        connection.request("POST", "/generate", json.dumps(body), server._headers())
+        response = connection.getresponse()
+        if response.status != 200:
+            return RequestResult(False, error=f"HTTP {response.status}")
+        while line := response.readline():
+            line = line.strip()
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            count = int((chunk.get("meta_info") or {}).get("completion_tokens") or 0)
+            if count > tokens:
+                if not tokens:
+                    ttft = time.perf_counter() - started
+                tokens = count
+        return RequestResult(tokens > 0, tokens, ttft, time.perf_counter() - started)
+    except (OSError, http.client.HTTPException, json.JSONDecodeError) as exc:
+        return RequestResult(False, error=f"{type(exc).__name__}: {exc}")
+    finally:
+        connection.close()
+
+
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, "p50": None, "p99": None}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+    return {
+        "mean": round(statistics.fmean(values) * 1000, 2),
+        "p50": round(at(0.50) * 1000, 2),
+        "p99": round(at(0.99) * 1000, 2),
+    }
+
+
+def run_level(
+    server: Server,
+    concurrency: int,
+    prompts: int,
+    input_len: int,
+    output_len: int,
+    seed: int,
+    seconds: float,
+) -> dict:
+    """One concurrency level: `prompts` requests, at most `concurrency` in flight; no new
+    request starts after `seconds`. The same seed gives the same prompts at every level."""
+    rng = random.Random(seed)
+    inputs = [[rng.randrange(*TOKEN_IDS) for _ in range(input_len)] for _ in range(prompts)]
+    stop_at = time.monotonic() + seconds
+    skipped = threading.Event()
+
+    def one(input_ids: list[int]) -> RequestResult | None:
+        if time.monotonic() > stop_at:
+            skipped.set()
+            return None
+        return _stream_generate(server, input_ids, output_len)
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        results = [r for r in pool.map(one, inputs) if r is not None]
+    duration = time.perf_counter() - started
+    done = [r for r in results if r.ok]
+    failed = [r for r in results if not r.ok]
+    output_tokens = sum(r.output_tokens for r in done)
+    return {
+        "concurrency": concurrency,
+        "prompts": prompts,
+        "sent": len(results),
+        "completed": len(done),
+        "failed": len(failed),
+        "first_error": failed[0].error if failed else None,
+        "stopped_by_time": skipped.is_set(),
+        "duration_s": round(duration, 3),
+        "request_throughput": round(len(done) / duration, 3) if duration else None,
+        "output_throughput": round(output_tokens / duration, 2) if duration else None,
+        "total_output_tokens": output_tokens,
+        "ttft_ms": _percentiles([r.ttft for r in done]),
+        "tpot_ms": _percentiles(
+            [(r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+        ),
+        "e2e_latency_ms": _percentiles([r.latency for r in done]),
+    }

@@ -1,0 +1,115 @@
+"""A qualify receipt beside its image in the registry, tied to the image's digest.
+
+The receipt travels as a one-file image (`FROM scratch`, /receipt.json) tagged
+`REPO:sha256-<image digest hex>.receipt` in the image's own repository: the convention
+cosign uses for signatures, so a registry keeps it with the image, any registry serves it,
+and the name says which image it describes. Its label names the digest as well, and a
+receipt whose recorded image is another one is refused when read, so it cannot drift.
+Credentials are the push's own (registry.auth).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+from pathlib import Path
+
+import docker
+from docker.errors import APIError, ImageNotFound, NotFound
+from requests.exceptions import RequestException
+
+from builder import registry
+from builder.errors import BuilderError
+from builder.image import LABEL_PREFIX, read_file_from_image
+
+RECEIPT_IN_IMAGE = "receipt.json"
+SUBJECT_LABEL = f"{LABEL_PREFIX}receipt.subject"
+
+
+def receipt_tag(digest: str) -> str:
+    return digest.replace(":", "-") + ".receipt"
+
+
+def _split_repo_digest(repo_digest: str) -> tuple[str, str]:
+    repository, _, digest = repo_digest.partition("@")
+    return repository, digest
+
+
+def subject_of(receipt: dict) -> str:
+    """The registry reference (REPO@sha256:...) of the image a receipt describes."""
+    digests = ((receipt.get("server") or {}).get("image") or {}).get("repo_digests") or []
+    if not digests:
+        raise BuilderError(
+            "--push-receipt: the server's image has no registry digest (run an image pulled "
+            "from, or pushed to, a registry: `builder launch --image REGISTRY/REPO@sha256:...`)"
+        )
+    return digests[0]
+
+
+def push(client: docker.DockerClient, receipt_path: Path) -> str:
+    """Push the receipt next to its image; returns the receipt's own reference."""
+    receipt = json.loads(receipt_path.read_text())
+    repository, digest = _split_repo_digest(subject_of(receipt))
+    local = f"builder-receipt:{receipt_tag(digest)}"
+    with tempfile.TemporaryDirectory(prefix="builder-receipt-") as tmp:
+        (Path(tmp) / RECEIPT_IN_IMAGE).write_bytes(receipt_path.read_bytes())
+        (Path(tmp) / "Dockerfile").write_text(f"FROM scratch\nCOPY {RECEIPT_IN_IMAGE} /\n")
+        try:
+            client.images.build(
+                path=tmp, tag=local, labels={SUBJECT_LABEL: digest}, rm=True, pull=False
+            )
+        except (APIError, docker.errors.BuildError) as exc:
+            raise BuilderError(f"receipt {receipt_path}: cannot make its image: {exc}") from None
+    try:
+        pushed = registry.push(client, local, repository)
+    finally:
+        with contextlib.suppress(ImageNotFound, APIError):
+            client.images.remove(local, noprune=False)
+    return pushed["reference"]
+
+
+def fetch(client: docker.DockerClient, image_reference: str) -> dict | None:
+    """The receipt pushed for this image, or None when its registry holds none (or the
+    image has no registry digest). One that describes another image is refused."""
+    try:
+        digests = client.images.get(image_reference).attrs.get("RepoDigests") or []
+    except (ImageNotFound, APIError):
+        return None
+    for repo_digest in digests:
+        repository, digest = _split_repo_digest(repo_digest)
+        tag = receipt_tag(digest)
+        try:
+            client.images.pull(repository, tag=tag, auth_config=registry.auth(repository))
+        except (NotFound, APIError, RequestException):
+            continue
+        reference = f"{repository}:{tag}"
+        try:
+            receipt = json.loads(read_file_from_image(client, reference, f"/{RECEIPT_IN_IMAGE}"))
+        except (NotFound, APIError, ValueError):
+            continue
+        finally:
+            with contextlib.suppress(ImageNotFound, APIError):
+                client.images.remove(reference, noprune=False)
+        described = ((receipt.get("server") or {}).get("image") or {}).get("repo_digests") or []
+        if not any(d.endswith(f"@{digest}") for d in described):
+            raise BuilderError(
+                f"receipt {reference} describes another image ({', '.join(described) or 'none'})"
+            )
+        return receipt
+    return None
+
+
+def summary(receipt: dict) -> str:
+    """One line: when, on what, whether it qualified, and the highest level's figure."""
+    result = receipt.get("result") or {}
+    verdict = "qualified" if result.get("ok") else f"NOT qualified ({result.get('failed_at')})"
+    gpus = (receipt.get("gpus") or {}).get("devices") or []
+    on = f"{len(gpus)}x {gpus[0]['name']}" if gpus else "GPUs unknown"
+    levels = (receipt.get("throughput") or {}).get("levels") or []
+    speed = ""
+    if levels:
+        top = levels[-1]
+        speed = f", {top['output_throughput']} output tok/s at concurrency {top['concurrency']}"
+    profile = (receipt.get("server") or {}).get("profile") or "profile not given"
+    return f"receipt {receipt.get('created')}: {verdict} on {on}, {profile}{speed}"

@@ -1,0 +1,262 @@
+"""`builder qualify` against the stand-in sglang server in a real container on the real engine.
+
+No GPU exists here: tests/standin_sglang.py plays the model (right answers, garbled text, or
+a needle lost past N tokens) and streams /generate; NVML finds no driver, which the receipt
+must say rather than invent figures. The GPU sampler's arithmetic is checked with a
+stand-in NVML module for the same reason.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import jsonschema
+import pytest
+
+from builder import gpu_state
+from tests.conftest import REPO_ROOT, Builder
+from tests.services import free_port
+
+pytestmark = pytest.mark.docker
+
+SCHEMA = json.loads((REPO_ROOT / "manifests" / "receipt-v1.json").read_text())
+SMALL = ["--concurrency", "1,4", "--prompts", "8", "--input-len", "64", "--output-len", "8"]
+KEY = "s3cret-qualify-key"
+
+
+def qualify(builder: Builder, docker_host: str, *args: str):
+    return builder.run("qualify", *args, env={"DOCKER_HOST": docker_host}, check=False)
+
+
+def receipt_of(out: Path) -> dict:
+    receipt = json.loads((out / "receipt.json").read_text())
+    validator = jsonschema.Draft202012Validator(SCHEMA, format_checker=jsonschema.FormatChecker())
+    validator.validate(receipt)
+    return receipt
+
+
+def key_file(path: Path, key: str) -> str:
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+def test_a_right_server_qualifies_with_every_figure_in_the_receipt(
+    builder, docker_host, standin, tmp_path
+) -> None:
+    url, name = standin(args=("--api-key", KEY), STARTUP_SECONDS="2")
+    out = tmp_path / "q"
+    result = qualify(
+        builder, docker_host, url, "--container", name, *SMALL,
+        "--api-key-file", key_file(tmp_path / "key", KEY),
+        "--needles", "4096,16384,65536", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    receipt = receipt_of(out)
+    assert receipt["result"] == {"ok": True, "failed_at": None, "message": "every check passed"}
+    assert receipt["server"]["container"] == name
+    assert receipt["server"]["command"][-3:] == [url.rsplit(":", 1)[1], "--api-key", "<redacted>"]
+    assert receipt["startup"]["state"] == "ready"
+    assert receipt["startup"]["ready_seconds"] >= 2  # counted from the container's start
+    assert receipt["startup"]["compiled_at_start"] == {
+        "flashinfer": [], "deep_gemm": [], "sglang_jit": [], "triton": []
+    }  # fmt: skip
+    probes = receipt["correctness"]["probes"]
+    assert [p["name"] for p in probes] == [
+        "add",
+        "multiply",
+        "subtract",
+        "capital",
+        "planet",
+        "water",
+    ]
+    needles = receipt["correctness"]["needles"]
+    # 65536 is clamped to the served context (32768) less room for the answer.
+    assert [n["target_tokens"] for n in needles] == [4096, 16384, 32768 - 256]
+    assert all(n["ok"] and n["past_top_k"] and n["prompt_tokens"] > 2048 for n in needles)
+    levels = receipt["throughput"]["levels"]
+    assert [level["concurrency"] for level in levels] == [1, 4]
+    for level in levels:
+        assert (level["completed"], level["failed"], level["total_output_tokens"]) == (8, 0, 64)
+        assert level["output_throughput"] > 0 and level["ttft_ms"]["p50"] > 0
+        assert level["tpot_ms"]["p50"] >= 1.5  # the stand-in streams a token each 2 ms
+        assert level["gpu"]["sampled"] is False and "NVML" in level["gpu"]["why"]
+    assert receipt["gpus"]["available"] is False and "NVML" in receipt["gpus"]["why"]
+    assert (out / "receipt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "qualified: every check passed" in result.stdout
+    for text in (result.stdout, result.stderr, (out / "receipt.json").read_text()):
+        assert KEY not in text
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "failed_at", "message"),
+    [
+        ({"WRONG_TEXT": "1"}, (), "correctness",
+         "probe add ('What is 17 + 25? Reply with the number only.'): expected '42'"),
+        ({"NEEDLE_LIMIT": "3000"}, (), "correctness", "needle at 16"),
+        ({"WRITE_AT_START": "/root/.cache/sglang/deep_gemm/cache/kernel.mqa.1/kernel.cubin"},
+         (), "startup", "1 JIT compiles (deep_gemm: kernel.mqa.1)"),
+        ({}, ("--api-key-file", "WRONG"), "startup", "the API key is not the server's"),
+    ],
+    ids=["garbled-text", "needle-lost-past-top-k", "compiled-at-start", "wrong-key"],
+)  # fmt: skip
+def test_a_wrong_server_fails_at_the_check_that_shows_it(
+    builder, docker_host, standin, tmp_path, env, args, failed_at, message
+) -> None:
+    url, name = standin(args=("--api-key", KEY), STARTUP_SECONDS="0", **env)
+    args = tuple(key_file(tmp_path / "wrong", "not-the-key") if a == "WRONG" else a for a in args)
+    if "--api-key-file" not in args:
+        args += ("--api-key-file", key_file(tmp_path / "key", KEY))
+    out = tmp_path / "q"
+    result = qualify(
+        builder, docker_host, url, "--container", name, *SMALL, "--needles", "4096,16384",
+        "--out", str(out), *args,
+    )  # fmt: skip
+    assert result.returncode == 8, result.stdout + result.stderr
+    receipt = receipt_of(out)
+    assert receipt["result"]["ok"] is False and receipt["result"]["failed_at"] == failed_at
+    assert message in receipt["result"]["message"]
+    last = result.stdout.strip().splitlines()[-2]
+    assert last.startswith(f"NOT qualified: {failed_at}: ") and message in last
+    assert receipt["throughput"] is None  # it stopped at the first hard failure
+
+
+def test_compiles_on_a_hosts_first_start_can_be_accepted(
+    builder, docker_host, standin, tmp_path
+) -> None:
+    url, name = standin(
+        STARTUP_SECONDS="0",
+        WRITE_AT_START="/root/.cache/sglang/jit/sm_120/topk_v2/build-1/deps-2/topk_v2.so",
+    )
+    out = tmp_path / "q"
+    result = qualify(
+        builder, docker_host, url, "--container", name, "--no-throughput", "--needles", "4096",
+        "--accept-start-compiles", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    receipt = receipt_of(out)
+    assert receipt["startup"]["compiled_at_start"]["sglang_jit"] == ["topk_v2"]
+    assert receipt["throughput"] is None and receipt["result"]["ok"]
+    assert "JIT compiles at start-up: flashinfer 0, deep_gemm 0, sglang_jit 1" in result.stdout
+
+
+def test_no_server_is_one_line_and_a_receipt_that_says_so(builder, tmp_path) -> None:
+    out = tmp_path / "q"
+    url = f"http://127.0.0.1:{free_port()}"
+    result = builder.run("qualify", url, "--deadline", "0", "--out", str(out), check=False)
+    assert result.returncode == 8
+    assert "NOT qualified: startup: timeout: not ready after" in result.stdout
+    assert "nothing is listening there" in result.stdout
+    assert receipt_of(out)["startup"]["state"] == "timeout"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "qualify: give the server URL (http://HOST:PORT), or --compare A B"),
+        (["http://127.0.0.1:1", "--concurrency", "0,4"], "--concurrency '0,4': expected whole numbers above 0"),
+        (["http://127.0.0.1:1", "--needles", "x"], "--needles 'x': expected whole numbers above 0"),
+        (["http://127.0.0.1:1", "--deadline", "nan"], "--deadline nan: must be a number, 0 or more"),
+        (["http://127.0.0.1:1", "--output-len", "0"], "--output-len 0: must be a whole number above 0"),
+        (["ftp://127.0.0.1:1"], "qualify URL 'ftp://127.0.0.1:1': expected http://HOST:PORT"),
+        (["--compare", "/nonexistent.json", "/nonexistent.json"], "--compare /nonexistent.json: not a readable receipt"),
+    ],
+)  # fmt: skip
+def test_bad_qualify_input_is_one_line(builder, args, message) -> None:
+    result = builder.run("qualify", *args, check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert message in result.stderr
+
+
+def test_compare_puts_receipts_side_by_side_against_the_field(
+    builder, docker_host, standin, tmp_path
+) -> None:
+    url, name = standin(STARTUP_SECONDS="0")
+    outs = []
+    for profile, concurrency in (("default", "1,4"), ("pcie-ar", "1")):
+        out = tmp_path / profile
+        qualify(
+            builder, docker_host, url, "--container", name, "--needles", "4096",
+            "--concurrency", concurrency, "--prompts", "4", "--input-len", "16",
+            "--output-len", "4", "--out", str(out),
+        )  # fmt: skip
+        outs.append(str(out / "receipt.json"))
+    table = builder.run("qualify", "--compare", *outs, "--json").stdout
+    compared = json.loads(table)
+    assert compared["columns"] == ["", "default", "pcie-ar"]
+    rows = {row[0]: row[1:] for row in compared["rows"]}
+    assert rows["result"] == ["ok", "ok"]
+    assert rows["c=4 tok/s"][1] == "-" and float(rows["c=4 tok/s"][0]) > 0
+    assert rows["field c=1024 tok/s"] == ["3740", "3740"]
+    text = builder.run("qualify", "--compare", *outs).stdout
+    assert text.splitlines()[0].split() == ["default", "pcie-ar"]
+
+
+class _StandInNvml:
+    """NVML for two GPUs at fixed readings: no GPU (nor driver) exists on this machine."""
+
+    NVML_CLOCK_SM = 1
+    NVML_P2P_CAPS_INDEX_READ = 0
+
+    def __init__(self) -> None:
+        self.power = {0: [150_000, 250_000], 1: [300_000, 300_000]}
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetName(self, handle):
+        return b"NVIDIA RTX PRO 6000 Blackwell Server Edition"
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+        return 600_000
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return SimpleNamespace(total=96 * 2**30, used=80 * 2**30)
+
+    def nvmlDeviceGetP2PStatus(self, a, b, index):
+        return 0 if {a, b} == {0, 1} else 5
+
+    def nvmlSystemGetDriverVersion(self):
+        return "580.95.05"
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        readings = self.power[handle]
+        return readings.pop(0) if len(readings) > 1 else readings[0]
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        return 2100
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return SimpleNamespace(gpu=90)
+
+
+def test_gpu_state_summarises_power_against_the_limit() -> None:
+    nvml = _StandInNvml()
+    described = gpu_state.describe(nvml)
+    assert described["driver"] == "580.95.05"
+    assert described["p2p_read"] == [["X", "OK"], ["OK", "X"]]
+    assert described["devices"][0]["power_limit_w"] == 600
+    sampler = gpu_state.Sampler(interval=0.01, nvml=nvml).start()
+    give_up = time.monotonic() + 10
+    while len(sampler.samples) < 3 and time.monotonic() < give_up:
+        time.sleep(0.01)
+    summary = sampler.stop()
+    assert summary["samples"] >= 3
+    first, second = summary["per_gpu"]
+    assert first["power_w_peak"] == 250 and first["power_w_mean"] > 150
+    assert second["power_pct_of_limit_mean"] == 50.0
+    assert first["sm_clock_mhz_mean"] == 2100 and first["memory_used_gib_peak"] == 80
+
+
+def test_without_nvml_the_gpu_state_says_why() -> None:
+    described = gpu_state.describe()  # this machine: no NVIDIA driver
+    assert described["available"] is False and described["why"].startswith("NVML")
+    summary = gpu_state.measure().stop()
+    assert summary["sampled"] is False and summary["why"].startswith("NVML")
