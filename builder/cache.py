@@ -72,16 +72,17 @@ def staging_dir(final: Path) -> Iterator[Path]:
 
 
 @contextmanager
-def partial_beside(destination: Path) -> Iterator[Path]:
+def partial_beside(destination: Path, mode: int = 0o644) -> Iterator[Path]:
     """A temporary name beside `destination`, this writer's own (two builder runs that write
-    the same file never share one), renamed over it when the block succeeds."""
+    the same file never share one), renamed over it when the block succeeds. The file is
+    created 0600 (mkstemp) and gets `mode` only once complete."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     handle, name = tempfile.mkstemp(prefix=f".{destination.name}.", dir=destination.parent)
     os.close(handle)
     partial = Path(name)
     try:
         yield partial
-        os.chmod(partial, 0o644)  # mkstemp makes 0600; these are ordinary shared files
+        os.chmod(partial, mode)
         os.replace(partial, destination)
     finally:
         partial.unlink(missing_ok=True)
@@ -92,6 +93,6 @@ def atomic_copy(source: Path, destination: Path) -> None:
         shutil.copyfile(source, partial)
 
 
-def atomic_write_text(destination: Path, text: str) -> None:
-    with partial_beside(destination) as partial:
+def atomic_write_text(destination: Path, text: str, mode: int = 0o644) -> None:
+    with partial_beside(destination, mode) as partial:
         partial.write_text(text)

@@ -22,6 +22,8 @@ from builder.target import load_toml
 
 CONTAINER_MODEL_DIR = "/models"
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
+# An absolute host path: a system service has no $HOME (systemd sets none without User=).
+HF_CACHE_DEFAULT = "/var/lib/sglang/huggingface"
 # The image's entrypoint (images/sm120/serve.py) hands the key in this file to sglang.
 API_KEY_IN_CONTAINER = "/run/secrets/sglang-api-key"
 API_KEY_FILE_ENV = "SGLANG_API_KEY_FILE"
@@ -34,7 +36,7 @@ class Overrides:
     port: int | None = None
     params: tuple[tuple[str, str], ...] = ()
     extra_args: tuple[str, ...] = ()
-    hf_cache: str = "$HOME/.cache/huggingface"
+    hf_cache: str = HF_CACHE_DEFAULT
     container_name: str | None = None
     bind: str = "127.0.0.1"  # host address the port is published on
     api_key_file: str | None = None  # mounted read-only; the key itself is never read here
@@ -405,6 +407,9 @@ def systemd_unit(recipe: Recipe, directory: str) -> str:
         "[Service]\n"
         "Type=exec\n"
         f"WorkingDirectory={_systemd_path(directory)}\n"
+        # Secrets (HF_TOKEN) reach compose from this file only: a system service has no
+        # login environment, and the unit itself is world-readable.
+        f"EnvironmentFile={_systemd_path(directory.rstrip('/') + '/' + env_file_name(recipe))}\n"
         # compose exits with the server's exit code when the server dies.
         "ExecStart=/usr/bin/docker compose up --abort-on-container-exit --exit-code-from sglang\n"
         # A graceful stop: SIGTERM, then compose's timeout. Never `pkill -9 -f sglang`.
@@ -414,6 +419,22 @@ def systemd_unit(recipe: Recipe, directory: str) -> str:
         "TimeoutStopSec=90s\n\n"
         "[Install]\n"
         "WantedBy=multi-user.target\n"
+    )
+
+
+def env_file_name(recipe: Recipe) -> str:
+    return f"sglang-{recipe.profile}.env"
+
+
+def environment_file(recipe: Recipe) -> str:
+    """The unit's EnvironmentFile, as deploy-files first writes it (mode 0600): the
+    secrets the server takes from the environment, empty until the operator fills them."""
+    checked_for_files(recipe)
+    return (
+        f"# Secrets for sglang-{recipe.profile}.service (systemd EnvironmentFile=; compose\n"
+        "# passes them to the container by name). Keep this file mode 0600, out of git.\n"
+        "# HF_TOKEN: for gated or private models on the Hugging Face hub; empty otherwise.\n"
+        "HF_TOKEN=\n"
     )
 
 

@@ -42,7 +42,7 @@ def test_default_profile_is_the_field_validated_tp8_recipe() -> None:
         assert part in run
     assert IMAGE in run and run.index(IMAGE) == len(run) - len(recipe.args) - 1
     assert "127.0.0.1:30000:30000" in run, "published on loopback only by default"
-    assert "$HOME/.cache/huggingface:/root/.cache/huggingface:rw" in run
+    assert "/var/lib/sglang/huggingface:/root/.cache/huggingface:rw" in run
 
 
 def test_fusion_profile_is_the_default_plus_the_flag_and_warns() -> None:
@@ -223,3 +223,84 @@ def test_wait_ready_takes_set_like_launch(builder: Builder, tmp_path) -> None:
         assert matched.returncode == 0, matched.stderr
     finally:
         server.terminate()
+
+
+def _systemd_service(unit_text: str) -> dict[str, str]:
+    import configparser
+
+    unit = configparser.ConfigParser(interpolation=None, strict=False)
+    unit.optionxform = str  # systemd keys are case-sensitive
+    unit.read_string(unit_text)
+    return dict(unit["Service"])
+
+
+def test_installed_unit_runs_compose_with_its_secrets_and_no_home(
+    builder: Builder, tmp_path: Path
+) -> None:
+    """`deploy-files --install`, then the unit's ExecStart as systemd runs it: an empty
+    environment but the EnvironmentFile, in WorkingDirectory. `docker` is a recorder here
+    (compose itself is not installed on this machine); what it gets is what compose gets."""
+    import os
+    import subprocess
+
+    _manifest(builder.data_dir / "manifests/sm120-0.5.9", pushed=True)
+    root = tmp_path / "root"
+    result = builder.run("deploy-files", "--install", "--root", str(root))
+    service_dir = root / "etc/sglang/glm5-nvfp4-tp8"
+    unit_path = root / "etc/systemd/system/sglang-glm5-nvfp4-tp8.service"
+    env_file = service_dir / "sglang-glm5-nvfp4-tp8.env"
+    for path in (service_dir / "compose.yaml", unit_path, env_file):
+        assert f"wrote {path}" in result.stdout
+    assert "then: systemctl daemon-reload && systemctl enable --now sglang-glm5-nvfp4-tp8" in (
+        result.stdout
+    )
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    service = _systemd_service(unit_path.read_text())
+    assert service["WorkingDirectory"] == "/etc/sglang/glm5-nvfp4-tp8"
+    assert service["EnvironmentFile"] == "/etc/sglang/glm5-nvfp4-tp8/sglang-glm5-nvfp4-tp8.env"
+    compose = (service_dir / "compose.yaml").read_text()
+    assert "${HOME}" not in compose and "$HOME" not in compose, "a service has no HOME"
+    assert '"/var/lib/sglang/huggingface:/root/.cache/huggingface:rw"' in compose
+
+    # The operator fills in the secret; a rerun keeps it.
+    env_file.write_text(env_file.read_text().replace("HF_TOKEN=\n", "HF_TOKEN=hf_test_secret\n"))
+    again = builder.run("deploy-files", "--install", "--root", str(root))
+    assert f"kept {env_file}" in again.stdout and "hf_test_secret" in env_file.read_text()
+
+    recorder = tmp_path / "docker"
+    recorder.write_text(
+        '#!/bin/sh\necho "$@" > "$RECORD.args"\nenv > "$RECORD.env"\npwd > "$RECORD.cwd"\n'
+    )
+    recorder.chmod(0o755)
+    environment = {
+        key: value
+        for key, _, value in (line.partition("=") for line in env_file.read_text().splitlines())
+        if key and not key.startswith("#")
+    }  # systemd's EnvironmentFile: KEY=VALUE lines, # comments
+    record = tmp_path / "record"
+    command = service["ExecStart"].replace("/usr/bin/docker", str(recorder), 1)
+    working = root / service["WorkingDirectory"].lstrip("/")
+    subprocess.run(
+        ["/bin/sh", "-c", command], cwd=working, check=True,
+        env={**environment, "RECORD": str(record)},
+    )  # fmt: skip
+    received = dict(
+        line.partition("=")[::2] for line in (record.with_suffix(".env")).read_text().splitlines()
+    )
+    assert received["HF_TOKEN"] == "hf_test_secret"
+    assert "HOME" not in received, "nothing in the unit relies on a login environment"
+    assert (record.with_suffix(".args")).read_text().split()[:2] == ["compose", "up"]
+    assert Path((record.with_suffix(".cwd")).read_text().strip()) == working
+    assert os.path.exists(working / "compose.yaml")
+
+
+def test_deploy_files_hint_names_the_unit_by_its_absolute_path(
+    builder: Builder, tmp_path: Path
+) -> None:
+    _manifest(builder.data_dir / "manifests/sm120-0.5.9", pushed=True)
+    out = tmp_path / "deploy"
+    result = builder.run("deploy-files", "--out", str(out))
+    unit = out.resolve() / "sglang-glm5-nvfp4-tp8.service"
+    assert f"on the VM: cp {unit} /etc/systemd/system/" in result.stdout
+    service = _systemd_service(unit.read_text())
+    assert service["WorkingDirectory"] == str(out.resolve())

@@ -507,8 +507,14 @@ examples:
         "--prompts", type=int, metavar="N",
         help="requests per level (default: 4 x concurrency, 16 to 4096)",
     )  # fmt: skip
-    command.add_argument("--input-len", type=int, default=1024, metavar="TOKENS")
-    command.add_argument("--output-len", type=int, default=256, metavar="TOKENS")
+    command.add_argument(
+        "--input-len", type=int, default=1024, metavar="TOKENS",
+        help="prompt tokens per throughput request (default: 1024)",
+    )  # fmt: skip
+    command.add_argument(
+        "--output-len", type=int, default=256, metavar="TOKENS",
+        help="tokens generated per throughput request, ignoring EOS (default: 256)",
+    )  # fmt: skip
     command.add_argument(
         "--level-seconds", type=float, default=300, metavar="S",
         help="no new request after this long in a level (default: 300)",

@@ -40,6 +40,9 @@ from builder.errors import BuilderError
 from builder.settings import resolve_data_dir
 from builder.target import load_target
 
+# Where `deploy-files --install` puts a profile's service files.
+INSTALL_DIR = "/etc/sglang"
+SYSTEMD_DIR = "/etc/systemd/system"
 # A start is stalled after this long without a log line (weights print progress; NCCL
 # initialisation stuck on PCIe P2P prints nothing).
 STALL_MINUTES = 10.0
@@ -163,20 +166,44 @@ def cmd_launch(args: argparse.Namespace) -> None:
 
 
 def cmd_deploy_files(args: argparse.Namespace) -> None:
-    out = validate.writable_dir("--out", args.out)
     recipe, source = _recipe(args)
+    if args.install:
+        root = validate.writable_dir("--root", args.root)
+        service_dir = f"{INSTALL_DIR}/{recipe.profile}"
+        out = validate.writable_dir("--root", str(root / service_dir.lstrip("/")))
+        units = validate.writable_dir("--root", str(root / SYSTEMD_DIR.lstrip("/")))
+    else:
+        out = validate.writable_dir("--out", args.out).resolve()
+        service_dir, units = str(out), out
     compose = out / "compose.yaml"
-    unit = out / f"sglang-{recipe.profile}.service"
+    unit = units / f"sglang-{recipe.profile}.service"
+    env_file = out / launch.env_file_name(recipe)
     atomic_write_text(compose, launch.compose_file(recipe))  # checks every value first
-    atomic_write_text(unit, launch.systemd_unit(recipe, str(out)))
-    result = {"compose": str(compose), "systemd_unit": str(unit), "recipe_from": source}
-    lines = [
-        f"wrote {compose}",
-        f"wrote {unit}",
-        f"on the VM: cp {unit.name} /etc/systemd/system/ && systemctl daemon-reload && "
-        f"systemctl enable --now {unit.stem}",
-        f"then: {recipe.wait_ready_command()}",
-    ]
+    atomic_write_text(unit, launch.systemd_unit(recipe, service_dir))
+    written = [str(compose), str(unit)]
+    if env_file.exists():
+        if env_file.stat().st_mode & 0o077:
+            progress.warn(f"{env_file}: others can read it; chmod 600 {env_file}")
+        kept = f"kept {env_file} (your secrets; not rewritten)"
+    else:
+        atomic_write_text(env_file, launch.environment_file(recipe), mode=0o600)
+        written.append(str(env_file))
+        kept = None
+    result = {
+        "compose": str(compose),
+        "systemd_unit": str(unit),
+        "environment_file": str(env_file),
+        "written": written,
+        "recipe_from": source,
+    }
+    enable = f"systemctl daemon-reload && systemctl enable --now {unit.stem}"
+    lines = [f"wrote {path}" for path in written] + ([kept] if kept else [])
+    lines.append(f"secrets (HF_TOKEN): edit {env_file} (mode 0600)")
+    if args.install:
+        lines.append(f"then: {enable}")
+    else:
+        lines.append(f"on the VM: cp {unit} /etc/systemd/system/ && {enable}")
+    lines.append(f"ready when: {recipe.wait_ready_command()}")
     emit(args, result, lines)
 
 
@@ -423,8 +450,10 @@ def register(sub) -> None:
         )
         command.add_argument(
             "--hf-cache",
-            default="$HOME/.cache/huggingface",
-            help="host directory for the Hugging Face cache (default: $HOME/.cache/huggingface)",
+            default=launch.HF_CACHE_DEFAULT,
+            metavar="DIR",
+            help="host directory for the Hugging Face cache, an absolute path a system "
+            f"service can reach (default: {launch.HF_CACHE_DEFAULT})",
         )
         command.add_argument("--name", help="container name (default: the profile's)")
         command.add_argument(
@@ -475,6 +504,18 @@ def register(sub) -> None:
     )
     launch_options(deploy)
     deploy.add_argument("--out", default="deploy", help="output directory (default: ./deploy)")
+    deploy.add_argument(
+        "--install",
+        action="store_true",
+        help=f"put them in place instead: compose and the secrets file in "
+        f"{INSTALL_DIR}/PROFILE/, the unit in {SYSTEMD_DIR}/",
+    )
+    deploy.add_argument(
+        "--root",
+        default="/",
+        metavar="DIR",
+        help="with --install: the file system root to install under (default: /)",
+    )
 
     wait = sub.add_parser(
         "wait-ready",
