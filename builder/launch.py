@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import ipaddress
+import json
 import re
 import shlex
 from dataclasses import dataclass
@@ -27,6 +28,9 @@ HF_CACHE_DEFAULT = "/var/lib/sglang/huggingface"
 # The image's entrypoint (images/sm120/serve.py) hands the key in this file to sglang.
 API_KEY_IN_CONTAINER = "/run/secrets/sglang-api-key"
 API_KEY_FILE_ENV = "SGLANG_API_KEY_FILE"
+# On the container `launch` and compose start: what wait-ready and qualify check it against.
+PROFILE_LABEL = "io.builder.launch.profile"
+PARAMS_LABEL = "io.builder.launch.params"  # JSON [[key, value], ...]: the --set overrides
 _PARAM = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
 
@@ -73,12 +77,21 @@ class Recipe:
             "--ulimit", "stack=67108864",
             "-p", f"{self.published_port}:{self.port}",
         ]  # fmt: skip
+        for key, value in self.labels.items():
+            command += ["--label", f"{key}={value}"]
         for host, container, mode in self.volumes:
             command += ["-v", f"{host}:{container}:{mode}"]
         for key, value in sorted(self.env.items()):
             command += ["-e", f"{key}={value}"]
         command += ["-e", "HF_TOKEN", self.image, *self.args]
         return command
+
+    @property
+    def labels(self) -> dict[str, str]:
+        labels = {PROFILE_LABEL: self.profile}
+        if self.params:
+            labels[PARAMS_LABEL] = json.dumps([list(pair) for pair in self.params])
+        return labels
 
     def shell(self) -> str:
         """The docker run as one shell line: every word quoted, except $HOME, which stays for
@@ -343,6 +356,8 @@ def compose_file(recipe: Recipe) -> str:
         "    ulimits:",
         "      memlock: -1",
         "      stack: 67108864",
+        "    labels:",
+        *[f"      {key}: {_compose_value(value)}" for key, value in recipe.labels.items()],
         "    ports:",
         f'      - "{recipe.published_port}:{recipe.port}"',
         "    volumes:",

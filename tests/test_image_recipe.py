@@ -346,6 +346,29 @@ def test_a_server_from_the_recipe_with_an_api_key_file(
         (("SILENT_SECONDS=600",), "stalled", 6),
     ],
 )
+def test_wait_ready_on_a_launched_container_checks_its_profile(
+    standin_image, docker_client, docker_host, tmp_path
+) -> None:
+    """Only --container: the profile and --set params come from launch's labels, so a
+    server started with other backends than its profile is a mismatch, not 'ready'."""
+    from tests.services import free_port
+
+    port, name = free_port(), f"recipe-labels-{free_port()}"
+    recipe = _start_from_recipe(
+        tmp_path, docker_host, standin_image, port, name, "--set", "kv_cache_dtype=fp16"
+    )
+    try:
+        verdict = bare_builder(
+            tmp_path, docker_host, "wait-ready", recipe["readiness"]["url"],
+            "--container", name, "--poll", "0.5", "--deadline", "2", "--json", check=False,
+        )  # fmt: skip
+        assert f"checking profile {recipe['profile']} as launched" in verdict.stderr
+        assert verdict.returncode == 5, verdict.stdout + verdict.stderr
+        assert "kv_cache_dtype" in json.loads(verdict.stdout)["message"]
+    finally:
+        docker_client.containers.get(name).remove(force=True)
+
+
 def test_a_crashed_or_stalled_server_from_the_recipe(
     standin_image, docker_client, docker_host, tmp_path, knobs, state, code
 ) -> None:
@@ -403,8 +426,8 @@ def test_qualify_through_the_images_recipe_and_its_receipt_beside_the_image(
         out = tmp_path / "qualify"
         result = bare_builder(
             tmp_path, docker_host, "qualify", recipe["readiness"]["url"], "--container", name,
-            "--profile", recipe["profile"], "--no-throughput", "--needles", "4096",
-            "--out", str(out), "--push-receipt", check=False,
+            "--no-throughput", "--needles", "4096", "--out", str(out), "--push-receipt",
+            check=False,
         )  # fmt: skip
         assert REGISTRY_PASSWORD not in result.stdout + result.stderr
         receipt = json.loads((out / "receipt.json").read_text())
@@ -412,6 +435,7 @@ def test_qualify_through_the_images_recipe_and_its_receipt_beside_the_image(
         # (test_verify_passes_on_the_image): a true finding, so qualify stops there.
         assert result.returncode == 8, result.stdout + result.stderr
         assert receipt["result"]["failed_at"] == "verify"
+        assert receipt["server"]["profile"] == recipe["profile"], "from the container's labels"
         assert receipt["server"]["image"]["repo_digests"] == [reference]
         assert "receipt pushed beside its image" in result.stderr
         tag = reference.split("@")[1].replace(":", "-") + ".receipt"

@@ -304,3 +304,23 @@ def test_deploy_files_hint_names_the_unit_by_its_absolute_path(
     assert f"on the VM: cp {unit} /etc/systemd/system/" in result.stdout
     service = _systemd_service(unit.read_text())
     assert service["WorkingDirectory"] == str(out.resolve())
+
+
+def test_the_container_carries_the_profile_it_was_launched_with() -> None:
+    """wait-ready and qualify read these labels back when given only --container."""
+    plain = launch.resolve(TARGET, None, IMAGE, launch.Overrides())
+    run = plain.docker_run()
+    assert run[run.index("--label") + 1] == f"{launch.PROFILE_LABEL}=glm5-nvfp4-tp8"
+    assert launch.PARAMS_LABEL not in " ".join(run)
+    with_set = launch.resolve(
+        TARGET, None, IMAGE, launch.Overrides(params=(("kv_cache_dtype", "bf16"),))
+    )
+    labels = {
+        part.split("=", 1)[0]: part.split("=", 1)[1]
+        for i, part in enumerate(with_set.docker_run())
+        if i and with_set.docker_run()[i - 1] == "--label"
+    }
+    assert json.loads(labels[launch.PARAMS_LABEL]) == [["kv_cache_dtype", "bf16"]]
+    compose = launch.compose_file(with_set)
+    assert f'      {launch.PROFILE_LABEL}: "glm5-nvfp4-tp8"' in compose
+    assert launch.PARAMS_LABEL in compose

@@ -112,10 +112,25 @@ class _Failed(Exception):
         self.check = check
 
 
-def _expect_from_profile(args, client, image: dict | None) -> tuple[dict, float | None]:
+def _launched_profile(args, container) -> tuple[str | None, tuple]:
+    """--profile and --set, else what `launch` labelled the container with."""
+    params = tuple(tuple(item.split("=", 1)) for item in args.set)
+    if args.profile or container is None:
+        return args.profile, params
+    labels = container.labels or {}
+    try:
+        launched = tuple(tuple(pair) for pair in json.loads(labels.get(launch.PARAMS_LABEL, "[]")))
+    except ValueError:
+        launched = ()
+    return labels.get(launch.PROFILE_LABEL), params or launched
+
+
+def _expect_from_profile(
+    args, client, image: dict | None, profile: str | None, params: tuple
+) -> tuple[dict, float | None]:
     """The backends the profile asks for, and its deadline: from the image's own recipe
     when it is a builder image, else from the checkout's target."""
-    if not args.profile:
+    if not profile:
         return {}, None
     reference = args.image or (image or {}).get("id")
     if reference and (args.image or image.get("built_by_builder")):
@@ -123,8 +138,7 @@ def _expect_from_profile(args, client, image: dict | None) -> tuple[dict, float 
         source = image_recipe.profiles_of(built, reference)
     else:
         source = load_target(resolve_data_dir(args.data_dir), args.target).file
-    params = tuple(item.partition("=")[::2] for item in args.set)
-    recipe = launch.resolve(source, args.profile, "-", launch.Overrides(params=params))
+    recipe = launch.resolve(source, profile, "-", launch.Overrides(params=params))
     return dict(recipe.expect), recipe.ready_deadline_minutes
 
 
@@ -166,6 +180,7 @@ def cmd_qualify(args: argparse.Namespace) -> None:
     image = _image_of(client, container) if container else None
     if args.image:
         image = {**(image or {}), "reference": args.image}
+    profile, params = _launched_profile(args, container)
 
     receipt: dict = {
         "schema": RECEIPT_SCHEMA,
@@ -175,7 +190,8 @@ def cmd_qualify(args: argparse.Namespace) -> None:
             "url": _public_url(url),
             "container": args.container,
             "image": image,
-            "profile": args.profile,
+            "profile": profile,
+            "params": [list(pair) for pair in params],
             "command": _server_command(container) if container else None,
         },
         "gpus": gpu_state.describe(),
@@ -212,7 +228,10 @@ def _checks(args, run, client, container, image, url, api_key, concurrency, need
             run.fail("verify", f"{failed[0].check}: {failed[0].detail}")
 
     # 2. Start-up: ready (and the profile's backends), then every JIT compile it cost.
-    expect, profile_deadline = _expect_from_profile(args, client, image)
+    launched = receipt["server"]
+    expect, profile_deadline = _expect_from_profile(
+        args, client, image, launched["profile"], tuple(tuple(p) for p in launched["params"])
+    )
     deadline = args.deadline if args.deadline is not None else (profile_deadline or 20)
     verdict = readiness.wait_ready(
         url,

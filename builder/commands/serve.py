@@ -82,9 +82,7 @@ def _recipe(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
     )
     if args.image:
         client = docker_client.connect()
-        profiles = image_recipe.profiles_of(
-            image_recipe.from_image(client, args.image), args.image
-        )
+        profiles = image_recipe.profiles_of(image_recipe.from_image(client, args.image), args.image)
         recipe = launch.resolve(profiles, args.profile, args.image, overrides)
         source = f"{args.image}:{image_recipe.RECIPE_PATH}"
         _say_receipt(client, args.image)
@@ -271,16 +269,20 @@ def cmd_wait_ready(args: argparse.Namespace) -> None:
     expect: dict = {}
     deadline = args.deadline
     params = tuple(_key_values("--set", args.set))
-    if params and not (args.profile or args.image):
+    profile, image = args.profile, args.image
+    if not (profile or image) and args.container:
+        # What `launch` started it with, from the labels it put on the container.
+        profile, image, params = _launched_with(args.container, params)
+    if params and not (profile or image):
         raise BuilderError("--set: give --profile or --image (the profile whose params it sets)")
-    if args.profile or args.image:
-        if args.image:
+    if profile or image:
+        if image:
             source = image_recipe.profiles_of(
-                image_recipe.from_image(docker_client.connect(), args.image), args.image
+                image_recipe.from_image(docker_client.connect(), image), image
             )
         else:
             source = load_target(resolve_data_dir(args.data_dir), args.target).file
-        recipe = launch.resolve(source, args.profile, "-", launch.Overrides(params=params))
+        recipe = launch.resolve(source, profile, "-", launch.Overrides(params=params))
         expect = dict(recipe.expect)
         if deadline is None:
             deadline = recipe.ready_deadline_minutes
@@ -290,6 +292,29 @@ def cmd_wait_ready(args: argparse.Namespace) -> None:
             raise BuilderError(f"--expect {item}: expected KEY=VALUE")
         expect[key] = value
     _wait(args, args.url, args.container, expect, 20 if deadline is None else deadline)
+
+
+def _launched_with(container_name: str, params: tuple) -> tuple[str | None, str | None, tuple]:
+    """(profile, image id, params) from the labels `launch`/compose put on a container;
+    (None, None, params) with a warning when it has none (started some other way)."""
+    try:
+        container = docker_client.connect().containers.get(container_name)
+    except NotFound:
+        raise BuilderError(f"--container {container_name}: no such container") from None
+    labels = container.labels or {}
+    profile = labels.get(launch.PROFILE_LABEL)
+    if not profile:
+        progress.warn(
+            f"--container {container_name} was not started by builder launch: backends not "
+            "checked (give --profile, or --image)"
+        )
+        return None, None, params
+    try:
+        launched = tuple(tuple(pair) for pair in json.loads(labels.get(launch.PARAMS_LABEL, "[]")))
+    except ValueError:
+        launched = ()
+    progress.info(escape(f"checking profile {profile} as launched (the container's labels)"))
+    return profile, container.image.id, params or launched
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
