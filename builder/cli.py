@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import traceback
 
 from builder import __version__
 from builder.commands import build, jit, patches, qualify, serve
 from builder.commands.common import EPILOG
-from builder.errors import EXIT_CODES, EXIT_CODES_HELP, BuilderError
+from builder.errors import EXIT_CODES, EXIT_CODES_HELP, BuilderError, Unreachable
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,8 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.func(args)
     except BuilderError as exc:
+        code = EXIT_CODES["unreachable" if isinstance(exc, Unreachable) else "error"]
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_CODES["error"]
+        if getattr(args, "json", False):
+            print(json.dumps({"ok": False, "error": str(exc), "exit_code": code}))
+        return code
     except KeyboardInterrupt:
         print("interrupted: the cache is consistent; run the command again", file=sys.stderr)
         return EXIT_CODES["interrupted"]

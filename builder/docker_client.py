@@ -7,7 +7,7 @@ import os
 import docker
 from docker.errors import DockerException
 
-from builder.errors import BuilderError
+from builder.errors import Unreachable
 
 
 def connect() -> docker.DockerClient:
@@ -17,7 +17,7 @@ def connect() -> docker.DockerClient:
         client = docker.from_env(timeout=600)
         client.ping()
     except DockerException as exc:
-        raise BuilderError(
+        raise Unreachable(
             f"cannot reach the Docker daemon at {where} ({exc.__class__.__name__}): "
             "start one (`systemctl start docker`; without systemd: `sudo dockerd &`; not "
             "installed: `apt-get install docker.io`) or set DOCKER_HOST to a running one's socket"

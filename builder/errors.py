@@ -12,6 +12,7 @@ EXIT_CODES = {
     "stalled": 6,  # wait-ready: no new log line for --stall-minutes before ready
     "drift": 7,  # patches check/refresh: the series cannot move to the new upstream unattended
     "unqualified": 8,  # qualify: a check failed (its receipt names which)
+    "unreachable": 9,  # could not check: a daemon, registry, index or remote did not answer
     "interrupted": 130,  # Ctrl-C: the cache is consistent, run the command again
 }
 
@@ -26,9 +27,17 @@ exit codes:
   6    wait-ready: stalled (no new log line for --stall-minutes before ready)
   7    patches check/refresh: the series cannot move to that upstream unattended
   8    qualify: a check failed (verify, start-up, correctness or throughput: see the receipt)
+  9    could not check: the Docker daemon, a registry, an index or a git remote did not
+       answer (nothing was found wrong; 1 means a check ran and found a problem)
   130  interrupted (the cache stays consistent)
+With --json, stdout holds one JSON object on failure too: {"ok": false, "error": MESSAGE,
+"exit_code": CODE}.
 """
 
 
 class BuilderError(Exception):
     """A failure with a message that names the file, patch or setting at fault."""
+
+
+class Unreachable(BuilderError):
+    """Could not check: a daemon, registry, index or git remote did not answer (exit 9)."""

@@ -195,8 +195,7 @@ def refuse_stale(
             raise BuilderError(f"{path}: made for {field} {found}, the target's is {wanted}; {fix}")
     stale = unmet(chosen, requirements, target_environment(python, platform))
     if stale:
-        more = f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""
-        raise BuilderError(f"{path}: stale lock: {stale[0]}{more}; {fix}")
+        raise BuilderError(f"{path}: stale lock: {'; '.join(stale)}; {fix}")
     if chosen.header.get("inputs") != inputs_digest([str(r) for r in requirements]):
         raise BuilderError(
             f"{path}: stale lock: resolved from other requirements than the wheels' and the "

@@ -24,7 +24,7 @@ from pygit2.enums import FileMode
 
 from builder import progress
 from builder.cache import partial_beside, sha256_file
-from builder.errors import BuilderError
+from builder.errors import BuilderError, Unreachable
 from builder.settings import Mirrors
 from builder.simple_index import read_project
 from builder.target import Fork
@@ -39,7 +39,7 @@ def _open(url: str, what: str):
         return urllib.request.urlopen(url, timeout=_TIMEOUT_S)
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise BuilderError(
+        raise Unreachable(
             f"{what}: cannot read {redact(url)} ({reason}); point it at a mirror with "
             "--mirror FROM=TO or BUILDER_MIRRORS"
         ) from None
@@ -50,7 +50,7 @@ def _file_link(index: str, dist: str, filename: str, what: str) -> tuple[str, st
     try:
         found = read_project(index, dist).get(filename)
     except BuilderError as exc:
-        raise BuilderError(f"{what}: {exc}") from None
+        raise type(exc)(f"{what}: {exc}") from None  # Unreachable stays Unreachable
     if found is None:
         raise BuilderError(f"{what}: {redact(index)} does not offer {filename} for {dist}")
     return found.url, found.sha256

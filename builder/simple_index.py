@@ -14,7 +14,7 @@ from urllib.parse import urljoin
 
 from packaging.utils import canonicalize_name
 
-from builder.errors import BuilderError
+from builder.errors import BuilderError, Unreachable
 from builder.urls import redact
 
 JSON_ACCEPT = "application/vnd.pypi.simple.v1+json"
@@ -82,4 +82,4 @@ def read_project(simple_url: str, project: str) -> dict[str, IndexFile]:
         ) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise BuilderError(f"index {redact(simple_url)} is unreachable ({reason})") from None
+        raise Unreachable(f"index {redact(simple_url)} is unreachable ({reason})") from None

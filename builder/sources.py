@@ -20,7 +20,7 @@ from pygit2.enums import CheckoutStrategy, ObjectType
 
 from builder import progress, release
 from builder.cache import remove_tree, staging_dir
-from builder.errors import BuilderError
+from builder.errors import BuilderError, Unreachable
 from builder.settings import Mirrors
 from builder.target import Fork
 from builder.urls import redact
@@ -105,7 +105,7 @@ def _fetch(repo: pygit2.Repository, url: str, refspecs: list[str], shallow: bool
                         raise
             remote.fetch(refspecs, callbacks=callbacks)
         except pygit2.GitError as exc:
-            raise BuilderError(
+            raise Unreachable(
                 f"{what}: fetching {redact(url)} failed: {exc} (no access to it from here? "
                 "point it at a mirror with --mirror FROM=TO or BUILDER_MIRRORS)"
             ) from None

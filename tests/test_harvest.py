@@ -93,9 +93,10 @@ def test_a_module_compiled_at_start_is_reported_harvested_and_baked_in(
             "doctor", "--container", name, "--json", env={"DOCKER_HOST": docker_host},
             check=False,
         )  # fmt: skip
-        jit = next(f for f in json.loads(doctor.stdout) if f["check"] == "jit")
+        findings = json.loads(doctor.stdout)["findings"]
+        jit = next(f for f in findings if f["check"] == "jit")
         assert not jit["ok"] and MISSING_MODULE in jit["detail"]
-        others = next(f for f in json.loads(doctor.stdout) if f["check"] == "other jit")
+        others = next(f for f in findings if f["check"] == "other jit")
         assert others["ok"] and "DeepGEMM 0, sglang JIT 0, Triton 0" in others["detail"]
         assert f"builder jit harvest --container {name}" in jit["fix"]
 

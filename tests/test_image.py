@@ -239,11 +239,16 @@ def test_failing_build_step_names_the_step_and_leaves_no_tag(
 
 
 def test_docker_daemon_down_is_one_line(builder: Builder) -> None:
+    """Could not check (9) is not "checked and found wrong" (1); --json says so too."""
     result = builder.run(
-        "image", "--plan", env={"DOCKER_HOST": "unix:///nonexistent.sock"}, check=False
-    )
-    assert result.returncode == 1
+        "image", "--plan", "--json", env={"DOCKER_HOST": "unix:///nonexistent.sock"},
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 9
     assert "error: cannot reach the Docker daemon at unix:///nonexistent.sock" in result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["ok"] is False and answer["exit_code"] == 9
+    assert answer["error"].startswith("cannot reach the Docker daemon")
 
 
 def _validate(manifest: dict) -> None:

@@ -398,7 +398,9 @@ def test_doctor_on_a_vm_needs_only_the_image(built_image, docker_host, tmp_path)
         capture_output=True, text=True, cwd=empty, env=env,
     )  # fmt: skip
     assert "data directory" not in result.stderr, result.stderr
-    findings = {f["check"]: f for f in json.loads(result.stdout)}
+    answer = json.loads(result.stdout)
+    findings = {f["check"]: f for f in answer["findings"]}
+    assert answer["ok"] is False, "no GPU here: the GPU checks fail"
     assert "shm" in findings and ("gpus" in findings or "gpu count" in findings)
     assert findings["image"]["ok"], findings["image"]
 

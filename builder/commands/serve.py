@@ -428,7 +428,8 @@ def cmd_doctor(args: argparse.Namespace) -> None:
 
     failed = [f for f in findings if not f.ok]
     if args.json:
-        print(json.dumps([f.to_json() for f in findings], indent=2))
+        result = {"ok": not failed, "findings": [f.to_json() for f in findings]}
+        print(json.dumps(result, indent=2))
     else:
         for finding in findings:
             mark = "ok  " if finding.ok else "FAIL"
