@@ -250,8 +250,10 @@ def resolve(
         volumes.append((host, volume["container"], "rw"))
 
     args = [_substitute(a, params, f"profile '{name}' args", path) for a in profile["args"]]
+    rendered = list(args)
     args += list(overrides.extra_args)
     _check_refusals(profile.get("refuse", []), args, name, path)
+    _refuse_contradictions(profile["args"], rendered, overrides.extra_args, name)
     env = {
         k: _substitute(str(v), params, f"env {k}", path) for k, v in profile.get("env", {}).items()
     }
@@ -435,6 +437,30 @@ def systemd_unit(recipe: Recipe, directory: str) -> str:
         "[Install]\n"
         "WantedBy=multi-user.target\n"
     )
+
+
+def _refuse_contradictions(
+    template: list[str], rendered: list[str], extra: tuple[str, ...], name: str
+) -> None:
+    """An --extra-arg may add a flag, never restate one the profile passes: sglang would
+    take the last value while wait-ready and qualify check the profile's. argparse takes
+    an unambiguous prefix (`--tp` for `--tp-size`), so a prefix counts as the same flag."""
+    for arg in extra:
+        if not arg.startswith("--"):
+            continue
+        flag = arg.split("=", 1)[0]
+        for at, given in enumerate(rendered):
+            if not (given.startswith("--") and given.startswith(flag)):
+                continue
+            value = rendered[at + 1] if at + 1 < len(rendered) else ""
+            if value.startswith("--"):
+                value = ""
+            param = _PARAM.fullmatch(template[at + 1]) if value else None
+            how = f"--set {param.group(1)}=VALUE" if param else "another profile"
+            raise BuilderError(
+                f"--extra-arg {arg}: profile '{name}' already passes {given} {value}".rstrip()
+                + f"; use {how} (the readiness check expects the profile's value)"
+            )
 
 
 def env_file_name(recipe: Recipe) -> str:

@@ -324,3 +324,24 @@ def test_the_container_carries_the_profile_it_was_launched_with() -> None:
     compose = launch.compose_file(with_set)
     assert f'      {launch.PROFILE_LABEL}: "glm5-nvfp4-tp8"' in compose
     assert launch.PARAMS_LABEL in compose
+
+
+CURRENT = REPO_ROOT / "images/sm120/target.toml"
+
+
+@pytest.mark.parametrize(
+    ("target", "extra", "message"),
+    [
+        (TARGET, ("--tp=4",), "--extra-arg --tp=4: profile 'glm5-nvfp4-tp8' already passes "
+         "--tp 8; use another profile"),
+        (CURRENT, ("--tp=4",), "already passes --tp-size 8"),  # argparse's prefix match
+        (TARGET, ("--kv-cache-dtype", "fp16"), "already passes --kv-cache-dtype bfloat16; "
+         "use --set kv_cache_dtype=VALUE"),
+    ],
+)  # fmt: skip
+def test_an_extra_arg_that_restates_a_profile_flag_is_refused(target, extra, message) -> None:
+    with pytest.raises(BuilderError) as refused:
+        launch.resolve(target, None, IMAGE, launch.Overrides(extra_args=extra))
+    assert message in str(refused.value)
+    added = launch.resolve(target, None, IMAGE, launch.Overrides(extra_args=("--log-level=debug",)))
+    assert added.args[-1] == "--log-level=debug", "a flag the profile lacks is simply added"

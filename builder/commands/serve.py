@@ -472,7 +472,9 @@ def register(sub) -> None:
             action="append",
             default=[],
             metavar="ARG",
-            help="append an argument to the sglang command line (repeatable)",
+            help="append an argument to the sglang command line (repeatable); write one that "
+            "starts with -- as --extra-arg=--log-level=debug. A flag the profile already "
+            "passes is refused: change it with --set (what wait-ready checks)",
         )
         command.add_argument(
             "--hf-cache",
