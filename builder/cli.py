@@ -7,9 +7,9 @@ import json
 import sys
 import traceback
 
-from builder import __version__
+from builder import __version__, progress
 from builder.commands import build, jit, patches, qualify, serve
-from builder.commands.common import EPILOG
+from builder.commands.common import EPILOG, HelpFormatter
 from builder.errors import EXIT_CODES, EXIT_CODES_HELP, BuilderError, Unreachable
 
 
@@ -29,9 +29,17 @@ def build_parser() -> argparse.ArgumentParser:
         "ready-to-run CUDA image. Stages: sources -> patch -> wheels -> image (-> push, "
         "publish, manifest); each runs the ones before. Then launch it on a GPU VM.",
         epilog=EPILOG + "\n" + EXIT_CODES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"builder {__version__}")
+    parser.add_argument(
+        "-q", "--quiet", action="store_true",
+        help="no progress lines: only results, warnings and errors (before COMMAND)",
+    )  # fmt: skip
+    parser.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="tracebacks on errors, as --debug (before COMMAND)",
+    )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     build.register(sub)
     patches.register(sub)
@@ -44,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    progress.set_quiet(args.quiet)
+    args.debug = getattr(args, "debug", False) or args.verbose
     try:
         args.func(args)
     except BuilderError as exc:

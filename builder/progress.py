@@ -26,11 +26,19 @@ from rich.progress import (
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 HEARTBEAT_S = 60.0
+_quiet = False
+
+
+def set_quiet(quiet: bool) -> None:
+    """`builder -q`: no step or info lines; warnings and errors still show."""
+    global _quiet
+    _quiet = quiet
 
 
 def info(message: str) -> None:
     """A line; `message` may use rich markup (callers escape what they did not write)."""
-    console.print(message)
+    if not _quiet:
+        console.print(message)
 
 
 def warn(message: str) -> None:
@@ -60,6 +68,9 @@ def task(description: str, total: float | None = None, announce: bool = True) ->
     )
     started = time.monotonic()
     progress.add_task(description, total=total)
+    if _quiet:
+        yield progress
+        return
     if console.is_terminal:
         with progress:
             yield progress

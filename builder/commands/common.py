@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +20,28 @@ from builder.settings import (
     resolve_mirrors,
 )
 from builder.target import load_target
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions wrapped to the terminal, paragraph by paragraph; a paragraph whose lines
+    are indented (commands, tables) or start with `example`/`exit codes` is kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = []
+        for paragraph in text.split("\n\n"):
+            lines = paragraph.splitlines()
+            as_written = any(line.startswith(" ") for line in lines[1:]) or (
+                lines and lines[0].lower().startswith(("example", "exit codes", "environment"))
+            )
+            if as_written or not lines:
+                paragraphs.append("\n".join(indent + line for line in lines))
+            else:
+                paragraphs.append(
+                    textwrap.fill(" ".join(lines), width, initial_indent=indent,
+                                  subsequent_indent=indent, break_on_hyphens=False)
+                )  # fmt: skip
+        return "\n\n".join(paragraphs)
+
 
 DEFAULT_TARGET = "sm120"
 TARGET_ENV = "BUILDER_TARGET"
@@ -135,7 +158,7 @@ def add_command(
         help=help_text,
         description=description,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     if PROJECT in uses:
         add_project_options(command)

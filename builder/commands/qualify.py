@@ -29,7 +29,12 @@ from builder import (
 )
 from builder import recipe as image_recipe
 from builder.cache import atomic_write_text
-from builder.commands.common import EPILOG, add_output_options, add_project_options
+from builder.commands.common import (
+    EPILOG,
+    HelpFormatter,
+    add_output_options,
+    add_project_options,
+)
 from builder.commands.serve import read_api_key
 from builder.errors import EXIT_CODES, BuilderError
 from builder.identity import builder_identity
@@ -505,7 +510,7 @@ examples:
   builder qualify http://127.0.0.1:30000 --container sglang-glm5 --profile glm5-nvfp4-tp8
   builder qualify --compare default/receipt.json pcie-ar/receipt.json""",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     command.add_argument("url", nargs="?", help="server root, e.g. http://127.0.0.1:30000")
     command.add_argument("--container", help="the server's container: crashes, JIT compiles")

@@ -31,6 +31,7 @@ from builder import recipe as image_recipe
 from builder.cache import atomic_write_text
 from builder.commands.common import (
     PROJECT,
+    HelpFormatter,
     add_command,
     add_output_options,
     add_project_options,
@@ -552,12 +553,14 @@ def register(sub) -> None:
         "/health_generate 200 (a real generation), /server_info shows the expected backends. "
         "With --container, a crash is the container exiting, restarting or being removed "
         "(exit code and log tail shown), no new log line for --stall-minutes is a stalled "
-        "start, and the FlashInfer modules the server compiled at start-up are named. "
+        "start, and the kernels the server compiled at start-up are named (FlashInfer, "
+        "DeepGEMM, sglang's JIT, Triton). Given only --container, the backends are those of "
+        "the profile and --set params `launch` started it with (its labels). "
         "Exit codes: 0 ready, 1 bad input, 3 crashed, 4 deadline passed (still loading), "
-        "5 up but with other backends than expected, 6 stalled.\n\n"
+        "5 up but with other backends than expected, 6 stalled, 9 no Docker daemon.\n\n"
         "example: builder wait-ready http://127.0.0.1:30000 --container sglang-glm5 "
         "--profile glm5-nvfp4-tp8",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     wait.add_argument("url", help="server base URL, e.g. http://127.0.0.1:30000")
     wait.add_argument(
@@ -621,7 +624,7 @@ def register(sub) -> None:
         "for byte, with GPU code for the target arch; `pip check`. One line per check; exit "
         "code 0 when all pass, 1 otherwise. Pulls the image when it is not here.\n\n"
         "example: builder verify registry.example.com/ml/sglang-sm120@sha256:...",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     verify_cmd.add_argument("image", metavar="IMAGE", help="image reference (tag or digest)")
     add_output_options(verify_cmd)
