@@ -150,7 +150,7 @@ def main() -> None:
         run = subprocess.run(
             [sys.executable, WARMUP, "--check", "--modules", json.dumps(recipe["jit_modules"]),
              "--inventory", "/tmp/builder-verify-inventory.json"],
-            capture_output=True, text=True,
+            capture_output=True, text=True, timeout=900,
         )  # fmt: skip
         lines = (run.stdout + run.stderr).strip().splitlines()
         errors = [line.split("error: ", 1)[1] for line in lines if "jit-warmup: error:" in line]
@@ -164,7 +164,9 @@ def main() -> None:
 
     check("sbom", *sbom_matches_environment())
 
-    run = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "pip", "check"], capture_output=True, text=True, timeout=300
+    )
     output = (run.stdout + run.stderr).strip()
     check("pip check", run.returncode == 0, output.splitlines()[0] if output else "clean")
 

@@ -228,9 +228,9 @@ def resolve(
             raise BuilderError(f"--set {key}: profile '{name}' has no such param (params: {known})")
         params[key] = value
     if overrides.port is not None:
-        if not 0 < overrides.port < 65536:
-            raise BuilderError(f"--port {overrides.port}: not a TCP port")
         params["port"] = str(overrides.port)
+    if "port" in params and not (params["port"].isdigit() and 0 < int(params["port"]) < 65536):
+        raise BuilderError(f"--port {params['port']}: not a TCP port")
 
     volumes: list[tuple[str, str, str]] = []
     model = overrides.model or params.get("model", "")

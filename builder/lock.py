@@ -22,9 +22,10 @@ from packaging.utils import canonicalize_name
 
 from builder import progress
 from builder.cache import atomic_write_text, content_key
-from builder.errors import BuilderError
+from builder.errors import BuilderError, Unreachable
 from builder.urls import redact
 
+RESOLVE_TIMEOUT_S = 30 * 60  # uv against a slow index; a hang is not a resolution
 _HEADER = re.compile(r"^# (python|platform|index|inputs): (\S+)$", re.MULTILINE)
 # pip's forms: --hash=sha256:HEX or --hash sha256:HEX (sha384/sha512 accepted as well).
 _HASH = re.compile(r"--hash[= ](sha256|sha384|sha512):([0-9a-fA-F]+)")
@@ -245,7 +246,16 @@ def resolve(
         if extra_index_url:
             environment["UV_EXTRA_INDEX_URL"] = extra_index_url
         with progress.task(f"resolve the runtime lock for python {python} on {platform}"):
-            run = subprocess.run(command, capture_output=True, text=True, env=environment)
+            try:
+                run = subprocess.run(
+                    command, capture_output=True, text=True, env=environment,
+                    timeout=RESOLVE_TIMEOUT_S,
+                )  # fmt: skip
+            except subprocess.TimeoutExpired:
+                raise Unreachable(
+                    f"cannot resolve the runtime lock from {redact(index_url)}: no answer "
+                    f"within {RESOLVE_TIMEOUT_S // 60} minutes"
+                ) from None
             if run.returncode:
                 lines = run.stderr.strip().splitlines()[-6:]
                 detail = " ".join(_redact_urls(line.strip()) for line in lines)

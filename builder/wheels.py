@@ -88,10 +88,12 @@ def _cache_inputs(
 
 
 # What an upstream build backend (arbitrary upstream code) gets from builder's environment:
-# nothing else, so no registry password, index token or cloud key reaches it.
+# nothing else, so no registry password, index token or cloud key reaches it. Its HOME is an
+# empty folder of its own: the user's holds ~/.docker/config.json, ~/.netrc, ~/.pypirc.
 BACKEND_ENV_ALLOWLIST = (
-    "PATH", "HOME", "USER", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TEMP", "TMP",
+    "PATH", "USER", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TEMP", "TMP",
 )  # fmt: skip
+BACKEND_TIMEOUT_S = 3 * 60 * 60  # a wheel build (no kernels in it) that runs longer hangs
 
 
 def backend_environment(extra: dict[str, str]) -> dict[str, str]:
@@ -100,12 +102,21 @@ def backend_environment(extra: dict[str, str]) -> dict[str, str]:
 
 
 def _runner(log_path: Path, extra_env: dict[str, str]):
+    home = log_path.parent / f"{log_path.stem}.home"
+    remove_tree(home)
+    home.mkdir(parents=True)
+
     def run(cmd, cwd=None, extra_environ=None):
-        env = backend_environment({**(extra_environ or {}), **extra_env})
+        env = backend_environment({**(extra_environ or {}), **extra_env, "HOME": str(home)})
         with log_path.open("ab") as log:
-            completed = subprocess.run(  # the wheel records file modes: not the host's umask
-                cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, umask=0o022
-            )
+            try:  # the wheel records file modes: not the host's umask
+                completed = subprocess.run(
+                    cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, umask=0o022,
+                    timeout=BACKEND_TIMEOUT_S,
+                )  # fmt: skip
+            except subprocess.TimeoutExpired:
+                log.write(f"\nbuilder: stopped after {BACKEND_TIMEOUT_S} s\n".encode())
+                raise subprocess.CalledProcessError(-1, cmd) from None
         if completed.returncode:
             raise subprocess.CalledProcessError(completed.returncode, cmd)
 

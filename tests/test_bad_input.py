@@ -261,8 +261,12 @@ def test_patch_that_breaks_python_syntax_never_reaches_the_wheelhouse(builder: B
         (["deploy-files", "--out", "/proc/nope"], "--out /proc/nope: cannot create or write it"),
         (["wait-ready", "localhost:30000"], "expected http://HOST:PORT"),
         (["launch", "--bind", "all"], "--bind all: not an IP address"),
+        (["wait-ready", "http://127.0.0.1:1", "--api-key-file", "/dev/zero"],
+         "--api-key-file /dev/zero: not a regular file"),
+        (["launch", "--set", "port=99999"], "--port 99999: not a TCP port"),
+        (["wait-ready", "http://[::1]:1", "--deadline", "nan"], "--deadline nan"),
     ],
-)
+)  # fmt: skip
 def test_bad_paths_urls_and_references_fail_before_any_work(builder: Builder, args, expected):
     result = builder.run(*args, check=False)
     assert result.returncode == 1, result.stderr

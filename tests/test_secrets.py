@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -59,7 +60,9 @@ def test_an_upstream_build_backend_gets_only_the_allowlisted_environment(
     assert not any(value in json.dumps(seen) for value in secrets.values())
     assert seen["FLASHINFER_LOCAL_VERSION"] == "sm120.gabc"
     assert seen["PATH"]
-    unexpected = set(seen) - set(wheels.BACKEND_ENV_ALLOWLIST) - {"FLASHINFER_LOCAL_VERSION"}
+    # Not the user's HOME (~/.docker/config.json, ~/.netrc): an empty one beside the log.
+    assert seen["HOME"] == str(tmp_path / "build.home") != os.environ.get("HOME")
+    unexpected = set(seen) - {*wheels.BACKEND_ENV_ALLOWLIST, "FLASHINFER_LOCAL_VERSION", "HOME"}
     # What `build` and pyproject_hooks add themselves to talk to the backend.
     assert all(key.startswith(("PEP517", "_PYPROJECT_HOOKS", "PYTHON")) for key in unexpected)
 

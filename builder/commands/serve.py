@@ -125,6 +125,10 @@ def read_api_key(path: str) -> str:
     """The key in `path` (first line, stripped): for wait-ready's requests, never printed."""
     file = Path(path).expanduser()
     try:
+        if not file.is_file():  # /dev/zero, a FIFO or a folder would hang or mislead
+            raise BuilderError(f"--api-key-file {path}: not a regular file")
+        if file.stat().st_size > 4096:
+            raise BuilderError(f"--api-key-file {path}: over 4096 bytes, not a key file")
         text = file.read_text().strip()
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or "not text"
@@ -157,7 +161,10 @@ def cmd_launch(args: argparse.Namespace) -> None:
     # Only $HOME, as the VM's shell does for the printed line: nothing else is expanded.
     home = os.path.expanduser("~")
     command = [part.replace(launch.HOME, home) for part in recipe.docker_run()]
-    started = subprocess.run(command, capture_output=True, text=True)
+    try:  # a first run pulls the image: minutes for a server image
+        started = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    except subprocess.TimeoutExpired:
+        raise BuilderError("docker run: no answer within an hour (pulling the image?)") from None
     if started.returncode:
         raise BuilderError(f"docker run failed: {started.stderr.strip().splitlines()[-1]}")
     progress.info(f"started {recipe.container_name}; waiting for it to be ready")
@@ -165,14 +172,17 @@ def cmd_launch(args: argparse.Namespace) -> None:
 
 
 def cmd_deploy_files(args: argparse.Namespace) -> None:
-    recipe, source = _recipe(args)
+    # Where it writes is checked before anything is looked up.
     if args.install:
         root = validate.writable_dir("--root", args.root)
+    else:
+        out = validate.writable_dir("--out", args.out).resolve()
+    recipe, source = _recipe(args)
+    if args.install:
         service_dir = f"{INSTALL_DIR}/{recipe.profile}"
         out = validate.writable_dir("--root", str(root / service_dir.lstrip("/")))
         units = validate.writable_dir("--root", str(root / SYSTEMD_DIR.lstrip("/")))
     else:
-        out = validate.writable_dir("--out", args.out).resolve()
         service_dir, units = str(out), out
     compose = out / "compose.yaml"
     unit = units / f"sglang-{recipe.profile}.service"
