@@ -81,9 +81,11 @@ def _get(url: str, timeout: float, api_key: str | None = None) -> tuple[int, byt
 def _port_open(url: str) -> bool:
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    with socket.socket() as sock:
-        sock.settimeout(2)
-        return sock.connect_ex((parts.hostname or "127.0.0.1", port)) == 0
+    try:  # create_connection picks the address family: IPv6 hosts ([::1]) work too
+        with socket.create_connection((parts.hostname or "127.0.0.1", port), timeout=2):
+            return True
+    except OSError:
+        return False
 
 
 def _same(expected: object, actual: object) -> bool:

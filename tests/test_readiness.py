@@ -209,3 +209,34 @@ def test_the_image_healthcheck_follows_the_servers_port(docker_client, built_ima
         assert code == 0, output
     finally:
         container.remove(force=True)
+
+
+def test_an_ipv6_server_is_waited_for_like_any_other(builder) -> None:
+    """`launch --bind ::1` prints http://[::1]:PORT: wait-ready takes it as given."""
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(GOOD_INFO).encode() if self.path == "/server_info" else b""
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = Server(("::1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://[::1]:{server.server_address[1]}"
+        result = builder.run("wait-ready", url, "--expect", "tp_size=8", "--json", check=False)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert json.loads(result.stdout)["state"] == "ready"
+    finally:
+        server.shutdown()
