@@ -182,3 +182,37 @@ def test_static_index_keeps_earlier_wheels(built, tmp_path) -> None:
     page = (static / "simple/sglang/index.html").read_text()
     assert wheels["sglang"]["filename"] in page and new in page
     assert {p.name for p in (static / "files").iterdir()} == {wheels["sglang"]["filename"], new}
+
+
+def test_the_kernel_wheel_published_is_the_one_the_image_manifest_names(built, tmp_path) -> None:
+    """Not the newest file matching a pattern: the file and sha256 the newest image manifest
+    of this flashinfer build records. A different file under that name is refused."""
+    builder, wheels = built
+    directory = builder.data_dir / "manifests" / "sm120-0.5.9"
+    directory.mkdir(parents=True, exist_ok=True)
+    name = f"flashinfer_jit_cache-{wheels['flashinfer']['version']}.k0123abcd-py3-none-linux_x86_64.whl"
+    record = {
+        "schema_version": 1,
+        "image": {"reference": "sglang-sm120:test"},
+        "wheels": {
+            "flashinfer": {"sha256": wheels["flashinfer"]["sha256"]},
+            "kernels": {"filename": name, "version": "x", "sha256": "0" * 64},
+        },
+    }
+    manifest = directory / "29990101T000000Z-test.json"
+    manifest.write_text(json.dumps(record))
+    static = tmp_path / "static"
+    try:
+        missing = builder.run("publish", "--publish-static", str(static), check=False)
+        assert missing.returncode == 1
+        assert f"names the kernel wheel {name}, which is not in" in missing.stderr
+        (builder.wheelhouse / name).write_bytes(b"not the wheel that image was built with")
+        other = builder.run("publish", "--publish-static", str(static), check=False)
+        assert other.returncode == 1
+        assert f"{builder.wheelhouse / name}: not the kernel wheel {manifest.name} records" in (
+            other.stderr
+        )
+        assert not static.exists() or not list(static.rglob("*.whl"))
+    finally:
+        manifest.unlink()
+        (builder.wheelhouse / name).unlink(missing_ok=True)

@@ -313,26 +313,47 @@ def cmd_lock(args: argparse.Namespace) -> None:
     emit(args, {"lock": str(output), "packages": len(after), **changes}, lines)
 
 
-def _latest_kernel_wheel(wheelhouse: Path, flashinfer: BuiltWheel | None) -> BuiltWheel | None:
-    """The kernel wheel `builder image` last put in the wheelhouse for this flashinfer build."""
+def _manifest_kernel_wheel(
+    directory: Path, wheelhouse: Path, flashinfer: BuiltWheel | None
+) -> BuiltWheel | None:
+    """The kernel wheel the newest image manifest of this flashinfer build names, from the
+    wheelhouse and with the manifest's sha256: the one that image was built and checked
+    with, never merely the newest file that matches a pattern."""
     if flashinfer is None:
         return None
-    pattern = f"{kernel_wheel.PACKAGE}-{flashinfer.version}.k*-py3-none-*.whl"
-    found = sorted(wheelhouse.glob(pattern), key=lambda path: path.stat().st_mtime)
-    if not found:
-        return None
-    path = found[-1]
-    return BuiltWheel(
-        name="kernels",
-        dist_name=kernel_wheel.DIST_NAME,
-        version=path.name.split("-")[1],
-        filename=path.name,
-        sha256=sha256_file(path),
-        size=path.stat().st_size,
-        cache_key=path.name.split("-")[1],
-        cached=True,
-        path=path,
-    )
+    for path in sorted(directory.glob("*.json"), reverse=True):
+        if path.name == manifest.LATEST or path.name.endswith(manifest.SBOM_SUFFIX):
+            continue
+        record = manifest.load(path)
+        recorded = record.get("wheels") or {}
+        if not (record.get("image") or {}).get("reference") or "kernels" not in recorded:
+            continue
+        if (recorded.get("flashinfer") or {}).get("sha256") != flashinfer.sha256:
+            continue
+        named = recorded["kernels"]
+        wheel = wheelhouse / named["filename"]
+        if not wheel.is_file():
+            raise BuilderError(
+                f"{path.name} names the kernel wheel {named['filename']}, which is not in "
+                f"{wheelhouse} (run `builder image` again to make it)"
+            )
+        if sha256_file(wheel) != named["sha256"]:
+            raise BuilderError(
+                f"{wheel}: not the kernel wheel {path.name} records (sha256 differs): not "
+                "published; run `builder image` again"
+            )
+        return BuiltWheel(
+            name="kernels",
+            dist_name=kernel_wheel.DIST_NAME,
+            version=named["version"],
+            filename=wheel.name,
+            sha256=named["sha256"],
+            size=wheel.stat().st_size,
+            cache_key=named["version"],
+            cached=True,
+            path=wheel,
+        )
+    return None
 
 
 def _into_wheelhouse(wheel: BuiltWheel, wheelhouse: Path) -> BuiltWheel:
@@ -428,13 +449,16 @@ def cmd_publish(args: argparse.Namespace) -> None:
     _check_publish_args(args)
     ctx = context(args)
     forks, wheels = _forks_and_wheels(args, ctx)
-    kernel_wheel = _latest_kernel_wheel(_wheelhouse(args, ctx), wheels.get("flashinfer"))
-    if kernel_wheel:
-        wheels["kernels"] = kernel_wheel
+    directory = manifest.manifest_dir(ctx.data_dir, args.manifest_dir, ctx.target.name)
+    kernels_wheel = _manifest_kernel_wheel(
+        directory, _wheelhouse(args, ctx), wheels.get("flashinfer")
+    )
+    if kernels_wheel:
+        wheels["kernels"] = kernels_wheel
     elif "flashinfer" in wheels:
-        progress.info(
-            "no kernel wheel for this flashinfer build in the wheelhouse yet "
-            "(`builder image` makes it): publishing without one"
+        progress.warn(
+            "no image manifest of this flashinfer build names a kernel wheel yet (`builder "
+            "image` makes one): publishing without kernels, so a plain venv compiles them"
         )
     published = _publish(args, wheels)
     record = manifest.build_manifest(ctx.target, forks, wheels, published=published)
