@@ -55,8 +55,10 @@ def _made_from(recipe: dict) -> Check | None:
         made = upstream.get("made_from")
         if not made:
             return None
-        origin = f"{made['ref']} (sha256 {made['sha256'][:12]})" if "sha256" in made else (
-            f"{made['url']} {made['ref']}"
+        origin = (
+            f"{made['ref']} (sha256 {made['sha256'][:12]})"
+            if "sha256" in made
+            else (f"{made['url']} {made['ref']}")
         )
         version = recipe["wheels"].get(name, {}).get("version", "?")
         parts.append(
@@ -105,3 +107,78 @@ def verify(client: docker.DockerClient, reference: str) -> tuple[dict, list[Chec
         )
     checks += [Check(**item) for item in json.loads(found[-1][len(_MARK) :])]
     return recipe, checks
+
+
+RUNTIME_LOCK_IN_IMAGE = "/opt/builder/requirements-runtime.txt"
+
+
+def against_manifest(client: docker.DockerClient, reference: str, recipe: dict, record: dict):
+    """The image and its wheels as the build host's manifest recorded them, not only as the
+    image says of itself: a pulled image whose recipe was rewritten along with its files
+    still fails here."""
+    image = client.images.get(reference)
+    built = record.get("image") or {}
+    pushed = (built.get("pushed") or {}).get("digest")
+    same_image = image.id == built.get("image_id") or (
+        pushed is not None
+        and any(d.endswith(f"@{pushed}") for d in image.attrs.get("RepoDigests") or [])
+    )
+    checks = [
+        Check(
+            "manifest image",
+            same_image,
+            f"{image.id[:19]} is the image the manifest recorded"
+            if same_image
+            else f"{image.id[:19]} is not the manifest's image ({str(built.get('image_id'))[:19]})",
+        )
+    ]
+    wrong = [
+        f"{name} {wheel.get('filename')}"
+        for name, wheel in (record.get("wheels") or {}).items()
+        if wheel.get("sha256") != (recipe.get("wheels", {}).get(name) or {}).get("sha256")
+    ]
+    count = len(record.get("wheels") or {})
+    checks.append(
+        Check(
+            "manifest wheels",
+            not wrong,
+            f"{count} wheels as the manifest recorded them"
+            if not wrong
+            else "differ from the manifest: " + ", ".join(wrong),
+        )
+    )
+    return checks
+
+
+def against_lock(client: docker.DockerClient, reference: str, lock_path: Path) -> Check:
+    """The runtime lock inside the image against the build host's (`images/<target>/
+    runtime-lock.txt`): the same packages, versions and hashes."""
+    from builder import lock
+    from builder.image import read_file_from_image
+
+    wanted = lock.parse(lock_path)
+    try:
+        inside = read_file_from_image(client, reference, RUNTIME_LOCK_IN_IMAGE).decode()
+    except (docker.errors.NotFound, docker.errors.APIError):
+        return Check("runtime lock", False, f"the image holds no {RUNTIME_LOCK_IN_IMAGE}")
+    found = lock.parse(Path(RUNTIME_LOCK_IN_IMAGE), inside)
+
+    def pin(packages: dict, name: str) -> tuple[str, tuple[str, ...]] | None:
+        package = packages.get(name)
+        return (package.version, tuple(sorted(package.hashes))) if package else None
+
+    differ = []
+    for name in sorted(wanted.packages.keys() | found.packages.keys()):
+        want, have = pin(wanted.packages, name), pin(found.packages, name)
+        if want == have:
+            continue
+        if want and have and want[0] == have[0]:
+            differ.append(f"{name} {have[0]} with other hashes")
+        else:
+            differ.append(
+                f"{name} {have[0] if have else 'absent'} (lock: {want[0] if want else 'absent'})"
+            )
+    if not differ:
+        return Check("runtime lock", True, f"{len(wanted.packages)} packages as {lock_path}")
+    more = f" and {len(differ) - 5} more" if len(differ) > 5 else ""
+    return Check("runtime lock", False, f"differs from {lock_path}: {', '.join(differ[:5])}{more}")

@@ -137,6 +137,41 @@ def test_verify_passes_on_the_image(built_image, docker_host, tmp_path) -> None:
     assert len(text.strip().splitlines()) == len(checks) + 1  # one line per check, a verdict
 
 
+def test_verify_against_the_build_hosts_manifest_and_lock(
+    built_image, docker_host, runtime_index, tmp_path
+) -> None:
+    """Not only what the image says of itself: the image id and wheel hashes the build
+    recorded, and the packages of a lock; another build's manifest or lock fails, named."""
+    builder, image, _ = built_image
+    latest = builder.data_dir / "manifests" / "sm120-0.5.9" / "latest.json"
+    _, lock = runtime_index  # the lock the test image was built from
+    result = bare_builder(
+        tmp_path, docker_host, "verify", image["reference"], "--manifest", str(latest),
+        "--lock", str(lock), "--json", check=False,
+    )  # fmt: skip
+    checks = {c["check"]: c for c in json.loads(result.stdout)["checks"]}
+    for name in ("manifest image", "manifest wheels", "runtime lock"):
+        assert checks[name]["ok"], checks[name]
+
+    record = json.loads(latest.read_text())
+    record["wheels"]["sglang"]["sha256"] = "0" * 64
+    other = tmp_path / "other-build.json"
+    other.write_text(json.dumps(record))
+    changed = lock.read_text().replace("tabulate==0.10.0", "tabulate==0.9.0", 1)
+    other_lock = tmp_path / "other-lock.txt"
+    other_lock.write_text(changed)
+    result = bare_builder(
+        tmp_path, docker_host, "verify", image["reference"], "--manifest", str(other),
+        "--lock", str(other_lock), "--json", check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    checks = {c["check"]: c for c in json.loads(result.stdout)["checks"]}
+    assert not checks["manifest wheels"]["ok"] and "sglang" in checks["manifest wheels"]["detail"]
+    assert checks["manifest image"]["ok"]
+    assert not checks["runtime lock"]["ok"]
+    assert "tabulate 0.10.0 (lock: 0.9.0)" in checks["runtime lock"]["detail"]
+
+
 def _tampered_copy(docker_client, reference: str) -> str:
     """The image with one module .so replaced, one installed file of a wheel edited and one
     locked package removed."""

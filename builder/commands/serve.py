@@ -330,8 +330,15 @@ def _launched_with(container_name: str, params: tuple) -> tuple[str | None, str 
 
 def cmd_verify(args: argparse.Namespace) -> None:
     validate.image_reference("verify IMAGE", args.image)
+    record = manifest.load(Path(args.manifest)) if args.manifest else None
+    if args.lock and not Path(args.lock).is_file():
+        raise BuilderError(f"--lock {args.lock}: no such file")
     client = docker_client.connect()
     built, checks = verify.verify(client, args.image)
+    if record is not None:
+        checks += verify.against_manifest(client, args.image, built, record)
+    if args.lock:
+        checks.append(verify.against_lock(client, args.image, Path(args.lock)))
     failed = [check for check in checks if not check.ok]
     verdict = (
         f"{len(failed)} of {len(checks)} checks failed"
@@ -632,11 +639,23 @@ def register(sub) -> None:
         "kernel wheel for exactly the installed flashinfer build (never the official "
         "flashinfer-jit-cache), every listed module loading from it with JIT disabled, byte "
         "for byte, with GPU code for the target arch; `pip check`. One line per check; exit "
-        "code 0 when all pass, 1 otherwise. Pulls the image when it is not here.\n\n"
-        "example: builder verify registry.example.com/ml/sglang-sm120@sha256:...",
+        "code 0 when all pass, 1 otherwise. Pulls the image when it is not here. With "
+        "--manifest and --lock (the build host's), also that the image and its wheels are "
+        "the ones the build recorded and its runtime packages the lock's, not only what the "
+        "image says of itself.\n\n"
+        "examples:\n"
+        "  builder verify registry.example.com/ml/sglang-sm120@sha256:...\n"
+        "  builder verify $IMAGE --manifest manifests/sm120/latest.json "
+        "--lock images/sm120/runtime-lock.txt",
         formatter_class=HelpFormatter,
     )
     verify_cmd.add_argument("image", metavar="IMAGE", help="image reference (tag or digest)")
+    verify_cmd.add_argument(
+        "--manifest", metavar="FILE", help="the build's manifest: the image and wheels it recorded"
+    )
+    verify_cmd.add_argument(
+        "--lock", metavar="FILE", help="a runtime lock the image's packages must equal"
+    )
     add_output_options(verify_cmd)
     verify_cmd.set_defaults(func=cmd_verify)
 
