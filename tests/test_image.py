@@ -9,6 +9,7 @@ warm-up compiles two cheap modules for sm_120a for real with nvcc.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -327,3 +328,27 @@ def test_unreachable_registry_is_a_clear_error_and_leaves_no_tag(
     assert "connection refused" in line.lower()
     tags = [t for i in docker_client.images.list() for t in i.tags]
     assert not [t for t in tags if t.startswith(repository)]
+
+
+def test_two_image_runs_at_once_on_one_cache_both_finish(built, test_base, runtime_index) -> None:
+    """The kernel wheel, wheelhouse and manifest copies of two concurrent runs never share a
+    temporary name (they once crashed with FileNotFoundError in 10 of 10 rounds)."""
+    import subprocess
+
+    builder, image, _ = built
+    processes = [
+        subprocess.Popen(
+            builder.command(*image_args(test_base, runtime_index, "--json")),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "COLUMNS": "200", "BUILDER_CONFIG": "/nonexistent",
+                 **builder.env},
+        )
+        for _ in range(2)
+    ]  # fmt: skip
+    outputs = [p.communicate(timeout=900) for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], [err[-2000:] for _, err in outputs]
+    results = [json.loads(out)["image"] for out, _ in outputs]
+    assert {r["reference"] for r in results} == {image["reference"]}, "the same image, twice"
+    assert results[0]["kernel_wheel"] == results[1]["kernel_wheel"]
+    kernel = builder.wheelhouse / results[0]["kernel_wheel"]
+    assert kernel.is_file() and not list(builder.wheelhouse.glob(".*")), "no partial left"
