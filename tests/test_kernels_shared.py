@@ -347,3 +347,20 @@ python -c 'import flashinfer' 2>&1 | tail -1
         "flashinfer-python" in output
     )
     assert os.path.exists(builder.wheelhouse / wheels["kernels"]["filename"])
+
+
+def test_no_secret_of_these_runs_is_in_any_output_or_file(host_a, docker_client) -> None:
+    """The runs above used registry credentials, a signing key and an index password: none
+    of them is in their output, in any file under the cache, data or wheelhouse they wrote
+    (kernel entries, wheels, logs, manifests, SBOMs), nor in the image's labels or config."""
+    builder, result, _, stderr = host_a
+    secrets = [REGISTRY_PASSWORD.encode(), SITE_KEY.read_bytes().strip().splitlines()[1]]
+    assert not any(s in (json.dumps(result) + stderr).encode() for s in secrets)
+    for root in (builder.cache_dir, builder.data_dir, builder.wheelhouse):
+        for path in root.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                data = path.read_bytes()
+                for secret in secrets:
+                    assert secret not in data, f"{secret[:4]!r}... in {path}"
+    inspected = json.dumps(docker_client.images.get(result["image"]["reference"]).attrs)
+    assert REGISTRY_PASSWORD not in inspected
