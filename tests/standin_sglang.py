@@ -144,5 +144,10 @@ if __name__ == "__main__":
             target=die_later, args=(float(DIE_AFTER), int(os.environ.get("EXIT_CODE", "1")))
         ).start()
     print("standin: Load weight begin (loading checkpoint shards)", flush=True)
+    # sglang's own line once it serves: qualify reads the time to ready from it.
+    ready_line = "standin: The server is fired up and ready to roll!"
+    threading.Timer(
+        max(0.0, STARTUP - (time.monotonic() - STARTED)), print, (ready_line,), {"flush": True}
+    ).start()
     server = ThreadingHTTPServer(("127.0.0.1", port_argument(sys.argv[1:])), Handler)
     server.serve_forever()

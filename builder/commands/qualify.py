@@ -92,12 +92,43 @@ def _server_command(container) -> list[str]:
 
 
 def _started_seconds_ago(container) -> float | None:
-    stamp = container.attrs["State"].get("StartedAt", "")
     try:
-        started = datetime.fromisoformat(stamp.rstrip("Z")[:26] + "+00:00")
+        started = _timestamp(container.attrs["State"].get("StartedAt", ""))
     except ValueError:
         return None
     return (datetime.now(UTC) - started).total_seconds()
+
+
+# sglang's line once the HTTP server serves (srt/entrypoints/http_server.py).
+_SGLANG_READY = "The server is fired up and ready to roll"
+
+
+def _time_to_ready(container, waited: float) -> tuple[float | None, str]:
+    """Seconds from the container's start to ready: seen by waiting for it, or read from
+    sglang's own ready line; a server already up when qualify came, without that line in
+    its log, has no known figure (not the age of the container)."""
+    if container is None:
+        return round(waited, 1), "qualify start"
+    started = container.attrs["State"].get("StartedAt", "")
+    for line in container.logs(timestamps=True).decode(errors="replace").splitlines():
+        if _SGLANG_READY in line:
+            try:
+                ready = _timestamp(line.split(" ", 1)[0])
+                return round((ready - _timestamp(started)).total_seconds(), 1), (
+                    "container start (its log)"
+                )
+            except ValueError:
+                break
+    since_start = _started_seconds_ago(container)
+    if since_start is not None and waited >= 5:  # qualify saw it turn ready
+        return round(since_start, 1), "container start"
+    return None, "unknown: ready before qualify came"
+
+
+def _timestamp(stamp: str) -> datetime:
+    """Docker's RFC 3339 time with nanoseconds, to microseconds."""
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{whole}.{(fraction or '0')[:6]:0<6}+00:00")
 
 
 class _Run:
@@ -225,8 +256,11 @@ def _checks(args, run, client, container, image, url, api_key, concurrency, need
     # 1. The image's own promise, when it is known and a builder image.
     reference = args.image or (image or {}).get("id")
     if reference and (args.image or image.get("built_by_builder")):
-        with progress.task(f"verify {reference}"):
-            _, checks = verify.verify(client, reference)
+        try:
+            with progress.task(f"verify {reference}"):
+                _, checks = verify.verify(client, reference)
+        except BuilderError as exc:
+            run.fail("verify", str(exc))
         failed = [c for c in checks if not c.ok]
         receipt["verify"] = {"ok": not failed, "checks": [c.to_json() for c in checks]}
         if failed:
@@ -252,10 +286,9 @@ def _checks(args, run, client, container, image, url, api_key, concurrency, need
     receipt["startup"] = startup
     if verdict.state != "ready":
         run.fail("startup", f"{verdict.state}: {verdict.message}")
-    startup["ready_seconds"] = (
-        round(_started_seconds_ago(container), 1) if container else round(verdict.elapsed, 1)
+    startup["ready_seconds"], startup["ready_seconds_from"] = _time_to_ready(
+        container, verdict.elapsed
     )
-    startup["ready_seconds_from"] = "container start" if container else "qualify start"
     server_info = verdict.server_info
     receipt["server"]["server_info"] = {
         key: server_info.get(key)
@@ -340,10 +373,11 @@ def _report(args, receipt: dict, path: Path, plot: Path | None) -> None:
     startup = receipt["startup"] or {}
     if receipt["verify"]:
         lines.append(f"verify: {'ok' if receipt['verify']['ok'] else 'FAILED'}")
-    if "ready_seconds" in startup:
-        lines.append(
-            f"ready {startup['ready_seconds']:.0f} s after {startup['ready_seconds_from']}"
-        )
+    seconds, since = startup.get("ready_seconds"), startup.get("ready_seconds_from")
+    if seconds is not None:
+        lines.append(f"ready {seconds:.0f} s after {since}")
+    elif since:
+        lines.append(f"ready; time to ready {since}")
     compiled = startup.get("compiled_at_start")
     if compiled:
         lines.append(
