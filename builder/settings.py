@@ -56,7 +56,8 @@ def resolve_data_dir(flag: str | None) -> Path:
     raise BuilderError(
         f"no builder data directory found (images/ and forks/); pass --data-dir or set "
         f"{DATA_ENV}, or on a GPU VM without a checkout give --image REF (launch, "
-        "deploy-files, doctor and wait-ready read the image's own recipe)"
+        "deploy-files, doctor, wait-ready and qualify read the image's own recipe; verify "
+        "needs none)"
     )
 
 
