@@ -98,7 +98,7 @@ def test_a_right_server_qualifies_with_every_figure_in_the_receipt(
     [
         ({"WRONG_TEXT": "1"}, (), "correctness",
          "probe add ('What is 17 + 25? Reply with the number only.'): expected '42'"),
-        ({"NEEDLE_LIMIT": "3000"}, (), "correctness", "needle at 16"),
+        ({"NEEDLE_LIMIT": "8000"}, (), "correctness", "needle at 16"),
         ({"WRITE_AT_START": "/root/.cache/sglang/deep_gemm/cache/kernel.mqa.1/kernel.cubin"},
          (), "startup", "1 JIT compiles (deep_gemm: kernel.mqa.1)"),
         ({}, ("--api-key-file", "WRONG"), "startup", "the API key is not the server's"),
