@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import validate
+from builder import progress, validate
 from builder.errors import BuilderError
 from builder.target import load_toml
 
@@ -443,8 +443,10 @@ def _refuse_contradictions(
     template: list[str], rendered: list[str], extra: tuple[str, ...], name: str
 ) -> None:
     """An --extra-arg may add a flag, never restate one the profile passes: sglang would
-    take the last value while wait-ready and qualify check the profile's. argparse takes
-    an unambiguous prefix (`--tp` for `--tp-size`), so a prefix counts as the same flag."""
+    take the last value while wait-ready and qualify check the profile's. A flag that is
+    only a prefix of the profile's (`--tp` of `--tp-size`) is an abbreviation to argparse
+    unless it is an option of its own (`--cuda-graph-max-bs`), which only sglang's parser
+    knows: that one is a warning."""
     for arg in extra:
         if not arg.startswith("--"):
             continue
@@ -457,9 +459,15 @@ def _refuse_contradictions(
                 value = ""
             param = _PARAM.fullmatch(template[at + 1]) if value else None
             how = f"--set {param.group(1)}=VALUE" if param else "another profile"
-            raise BuilderError(
-                f"--extra-arg {arg}: profile '{name}' already passes {given} {value}".rstrip()
-                + f"; use {how} (the readiness check expects the profile's value)"
+            passes = f"profile '{name}' already passes {given} {value}".rstrip()
+            if given == flag:
+                raise BuilderError(
+                    f"--extra-arg {arg}: {passes}; use {how} (the readiness check expects "
+                    "the profile's value)"
+                )
+            progress.warn(
+                f"--extra-arg {arg}: if sglang reads {flag} as short for {given}, it "
+                f"overrides what the {passes}; use {how}"
             )
 
 
@@ -481,7 +489,8 @@ def environment_file(recipe: Recipe) -> str:
 
 def _systemd_path(path: str) -> str:
     """A single-path setting takes the rest of the line as it is (spaces included, no
-    quotes: systemd would keep them); only a line break cannot be written."""
+    quotes: systemd would keep them); `%` starts a specifier there, so it is doubled; only a
+    line break cannot be written."""
     if "\n" in path or "\r" in path:
         raise BuilderError(f"{path!r}: a directory with a line break cannot go in a systemd unit")
-    return path
+    return path.replace("%", "%%")

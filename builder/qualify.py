@@ -90,18 +90,21 @@ class Server:
         what = f"{request.get_method()} {request.full_url.removeprefix(self.url)}"
         try:
             with NO_REDIRECTS.open(request, timeout=self.timeout) as response:
-                return json.loads(response.read() or b"{}")
+                answer = json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as exc:
             if exc.code in (401, 403):
                 key = "the API key is not the server's" if self.api_key else "pass --api-key-file"
                 message = f"{what}: {exc.code}, the server wants an API key ({key})"
                 raise QualifyError(message) from None
             raise QualifyError(f"{what}: HTTP {exc.code}") from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise QualifyError(f"{what}: no answer from {self.url} ({reason})") from None
         except json.JSONDecodeError:
             raise QualifyError(f"{what}: the answer is not JSON") from None
+        if not isinstance(answer, dict):
+            raise QualifyError(f"{what}: the answer is not a JSON object")
+        return answer
 
     def chat(self, model: str, prompt: str, max_tokens: int) -> tuple[str, int]:
         """The reply's text at temperature 0 (thinking off), and the prompt's token count."""
@@ -175,7 +178,8 @@ def run_needles(
 ) -> list[dict]:
     """The hidden code must come back at each length (clamped to the served context)."""
     results = []
-    chars_per_token = 4.0
+    # Measured on a short prompt first, so a prompt clamped to the context fits it.
+    chars_per_token = _chars_per_token(server, model, seed, 4.0)
     for wanted in lengths:
         tokens = min(wanted, context - 256) if context else wanted
         if tokens <= 0:
@@ -204,7 +208,17 @@ def run_needles(
                 f"got {text.strip()[:80]!r} (long context is wrong past the sparse top-k)",
                 results,
             )
+    if not results:
+        raise QualifyError(f"no needle fits the served context ({context} tokens)", results)
     return results
+
+
+def _chars_per_token(server: Server, model: str, seed: int, guess: float) -> float:
+    """Characters per token of this tokenizer on the filler, from a 1,000-token probe
+    (the chat template's own tokens make it a slight underestimate: the safe side)."""
+    probe, _ = needle_prompt(1000, seed, guess)
+    _, tokens = server.chat(model, probe, max_tokens=1)
+    return len(probe) / tokens if tokens else guess
 
 
 # --- throughput ----------------------------------------------------------------------------
@@ -246,7 +260,8 @@ def _stream_generate(server: Server, input_ids: list[int], output_len: int) -> R
                     ttft = time.perf_counter() - started
                 tokens = count
         return RequestResult(tokens > 0, tokens, ttft, time.perf_counter() - started)
-    except (OSError, http.client.HTTPException, json.JSONDecodeError) as exc:
+    except (OSError, http.client.HTTPException, ValueError, TypeError, AttributeError) as exc:
+        # One request's odd answer is that request's failure, never the run's.
         return RequestResult(False, error=f"{type(exc).__name__}: {exc}")
     finally:
         connection.close()
@@ -257,8 +272,11 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
         return {"mean": None, "p50": None, "p99": None}
     ordered = sorted(values)
 
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    def at(q: float) -> float:  # linear interpolation, as numpy.percentile (bench_serving)
+        position = q * (len(ordered) - 1)
+        low = int(position)
+        high = min(low + 1, len(ordered) - 1)
+        return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
     return {
         "mean": round(statistics.fmean(values) * 1000, 2),
@@ -277,8 +295,9 @@ def run_level(
     seconds: float,
 ) -> dict:
     """One concurrency level: `prompts` requests, at most `concurrency` in flight; no new
-    request starts after `seconds`. The same seed gives the same prompts at every level."""
-    rng = random.Random(seed)
+    request starts after `seconds`. Each level has prompts of its own (seeded by the seed
+    and the level), so no level is served from an earlier level's prefix cache."""
+    rng = random.Random(f"{seed}:{concurrency}")
     inputs = [[rng.randrange(*TOKEN_IDS) for _ in range(input_len)] for _ in range(prompts)]
     stop_at = time.monotonic() + seconds
     skipped = threading.Event()

@@ -143,7 +143,9 @@ def test_verify_against_the_build_hosts_manifest_and_lock(
     """Not only what the image says of itself: the image id and wheel hashes the build
     recorded, and the packages of a lock; another build's manifest or lock fails, named."""
     builder, image, _ = built_image
-    latest = builder.data_dir / "manifests" / "sm120-0.5.9" / "latest.json"
+    from builder.manifest import latest_with_image
+
+    latest = latest_with_image(builder.data_dir / "manifests" / "sm120-0.5.9")
     _, lock = runtime_index  # the lock the test image was built from
     result = bare_builder(
         tmp_path, docker_host, "verify", image["reference"], "--manifest", str(latest),
@@ -374,13 +376,6 @@ def test_a_server_from_the_recipe_with_an_api_key_file(
         docker_client.containers.get(name).remove(force=True)
 
 
-@pytest.mark.parametrize(
-    ("knobs", "state", "code"),
-    [
-        (("DIE_AFTER_SECONDS=1", "EXIT_CODE=3"), "crashed", 3),
-        (("SILENT_SECONDS=600",), "stalled", 6),
-    ],
-)
 def test_wait_ready_on_a_launched_container_checks_its_profile(
     standin_image, docker_client, docker_host, tmp_path
 ) -> None:
@@ -404,6 +399,13 @@ def test_wait_ready_on_a_launched_container_checks_its_profile(
         docker_client.containers.get(name).remove(force=True)
 
 
+@pytest.mark.parametrize(
+    ("knobs", "state", "code"),
+    [
+        (("DIE_AFTER_SECONDS=1", "EXIT_CODE=3"), "crashed", 3),
+        (("SILENT_SECONDS=600",), "stalled", 6),
+    ],
+)
 def test_a_crashed_or_stalled_server_from_the_recipe(
     standin_image, docker_client, docker_host, tmp_path, knobs, state, code
 ) -> None:

@@ -334,7 +334,7 @@ CURRENT = REPO_ROOT / "images/sm120/target.toml"
     [
         (TARGET, ("--tp=4",), "--extra-arg --tp=4: profile 'glm5-nvfp4-tp8' already passes "
          "--tp 8; use another profile"),
-        (CURRENT, ("--tp=4",), "already passes --tp-size 8"),  # argparse's prefix match
+        (CURRENT, ("--tp-size", "4"), "already passes --tp-size 8"),
         (TARGET, ("--kv-cache-dtype", "fp16"), "already passes --kv-cache-dtype bfloat16; "
          "use --set kv_cache_dtype=VALUE"),
     ],
@@ -345,3 +345,15 @@ def test_an_extra_arg_that_restates_a_profile_flag_is_refused(target, extra, mes
     assert message in str(refused.value)
     added = launch.resolve(target, None, IMAGE, launch.Overrides(extra_args=("--log-level=debug",)))
     assert added.args[-1] == "--log-level=debug", "a flag the profile lacks is simply added"
+
+
+def test_an_extra_arg_that_may_abbreviate_a_profile_flag_is_a_warning(capsys) -> None:
+    """`--tp` is short for the profile's `--tp-size` to argparse, but `--cuda-graph-max-bs`
+    is an sglang option of its own beside `--cuda-graph-max-bs-decode`: not refused."""
+    recipe = launch.resolve(
+        CURRENT, None, IMAGE, launch.Overrides(extra_args=("--cuda-graph-max-bs=128",))
+    )
+    assert recipe.args[-1] == "--cuda-graph-max-bs=128"
+    assert "if sglang reads --cuda-graph-max-bs as short for --cuda-graph-max-bs-decode" in (
+        capsys.readouterr().err
+    )

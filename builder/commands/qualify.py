@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 import math
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -70,25 +71,41 @@ def _public_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-def _image_of(client, container) -> dict:
-    image = container.image
+def _image_of(image, reference: str | None) -> dict:
     built_by_builder = any(key.startswith(LABEL_PREFIX) for key in image.labels or {})
     return {
-        "reference": container.attrs["Config"].get("Image"),
+        "reference": reference,
         "id": image.id,
         "repo_digests": image.attrs.get("RepoDigests") or [],
         "built_by_builder": built_by_builder,
     }
 
 
+def _given_image(client, reference: str):
+    """--image, pulled when it is not here (as verify does)."""
+    image_recipe.from_image(client, reference)  # pulls; refuses an image without a recipe
+    return client.images.get(reference)
+
+
+_SECRET_NAME = re.compile(r"key|token|password|secret|credential", re.IGNORECASE)
+
+
 def _server_command(container) -> list[str]:
-    """What the container runs (entrypoint + command), with any --api-key value hidden."""
+    """What the container runs (entrypoint + command), with the value of every flag whose
+    name says secret (`--api-key V`, `--api-key=V`, `--ssl-keyfile-password V`) hidden."""
     config = container.attrs["Config"]
     command = [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
-    return [
-        "<redacted>" if index and command[index - 1] == "--api-key" else part
-        for index, part in enumerate(command)
-    ]
+    shown = []
+    for index, part in enumerate(command):
+        flag, equals, _ = part.partition("=")
+        previous = command[index - 1] if index else ""
+        if part.startswith("--") and equals and _SECRET_NAME.search(flag):
+            shown.append(f"{flag}=<redacted>")
+        elif previous.startswith("--") and "=" not in previous and _SECRET_NAME.search(previous):
+            shown.append("<redacted>")
+        else:
+            shown.append(part)
+    return shown
 
 
 def _started_seconds_ago(container) -> float | None:
@@ -109,16 +126,21 @@ def _time_to_ready(container, waited: float) -> tuple[float | None, str]:
     its log, has no known figure (not the age of the container)."""
     if container is None:
         return round(waited, 1), "qualify start"
-    started = container.attrs["State"].get("StartedAt", "")
-    for line in container.logs(timestamps=True).decode(errors="replace").splitlines():
+    container.reload()
+    try:
+        started = _timestamp(container.attrs["State"].get("StartedAt", ""))
+    except ValueError:
+        return None, "unknown: ready before qualify came"
+    # This start's lines only (a restarted container keeps the earlier ones).
+    logs = container.logs(timestamps=True, since=started.replace(tzinfo=None))
+    for line in logs.decode(errors="replace").splitlines():
         if _SGLANG_READY in line:
             try:
                 ready = _timestamp(line.split(" ", 1)[0])
-                return round((ready - _timestamp(started)).total_seconds(), 1), (
-                    "container start (its log)"
-                )
             except ValueError:
                 break
+            if ready >= started:
+                return round((ready - started).total_seconds(), 1), "container start (its log)"
     since_start = _started_seconds_ago(container)
     if since_start is not None and waited >= 5:  # qualify saw it turn ready
         return round(since_start, 1), "container start"
@@ -155,10 +177,11 @@ def _launched_profile(args, container) -> tuple[str | None, tuple]:
         return args.profile, params
     labels = container.labels or {}
     try:
-        launched = tuple(tuple(pair) for pair in json.loads(labels.get(launch.PARAMS_LABEL, "[]")))
-    except ValueError:
-        launched = ()
-    return labels.get(launch.PROFILE_LABEL), params or launched
+        launched = json.loads(labels.get(launch.PARAMS_LABEL, "[]"))
+        merged = {str(key): str(value) for key, value in launched} | dict(params)
+    except (ValueError, TypeError):
+        merged = dict(params)
+    return labels.get(launch.PROFILE_LABEL), tuple(merged.items())
 
 
 def _expect_from_profile(
@@ -213,9 +236,17 @@ def cmd_qualify(args: argparse.Namespace) -> None:
             container = client.containers.get(args.container)
         except NotFound:
             raise BuilderError(f"--container {args.container}: no such container") from None
-    image = _image_of(client, container) if container else None
+    image = (
+        _image_of(container.image, container.attrs["Config"].get("Image")) if container else None
+    )
     if args.image:
-        image = {**(image or {}), "reference": args.image}
+        given = _given_image(client, args.image)
+        if image and image["id"] != given.id:
+            raise BuilderError(
+                f"--image {args.image} is not the image --container {args.container} runs "
+                f"({image['reference']})"
+            )
+        image = _image_of(given, args.image)
     profile, params = _launched_profile(args, container)
 
     receipt: dict = {
@@ -243,10 +274,17 @@ def cmd_qualify(args: argparse.Namespace) -> None:
     receipt_path = out / "receipt.json"
     atomic_write_text(receipt_path, json.dumps(receipt, indent=2, sort_keys=True) + "\n")
     plot = _plot(receipt, out / "receipt.png") if receipt["throughput"] else None
-    _report(args, receipt, receipt_path, plot)
+    pushed = None
     if args.push_receipt:
-        pushed = receipts.push(client or docker_client.connect(), receipt_path)
-        progress.info(escape(f"receipt pushed beside its image: {pushed}"))
+        try:
+            pushed = {"reference": receipts.push(client or docker_client.connect(), receipt_path)}
+            progress.info(escape(f"receipt pushed beside its image: {pushed['reference']}"))
+        except BuilderError as exc:
+            pushed = {"error": str(exc)}
+            progress.warn(f"--push-receipt: {exc}")
+    _report(args, receipt, receipt_path, plot, pushed)
+    if pushed and "error" in pushed and receipt["result"]["ok"]:
+        raise SystemExit(EXIT_CODES["error"])
     if not receipt["result"]["ok"]:
         raise SystemExit(EXIT_CODES["unqualified"])
 
@@ -293,7 +331,7 @@ def _checks(args, run, client, container, image, url, api_key, concurrency, need
     receipt["server"]["server_info"] = {
         key: server_info.get(key)
         for key in sorted(server_info)
-        if not isinstance(server_info.get(key), dict | list) and "key" not in key.lower()
+        if not isinstance(server_info.get(key), dict | list) and not _SECRET_NAME.search(key)
     }
     if container:
         try:
@@ -303,6 +341,8 @@ def _checks(args, run, client, container, image, url, api_key, concurrency, need
             run.fail("startup", f"cannot inspect container {args.container}: {exc.explanation}")
         compiled = {"flashinfer": flashinfer, **others.to_json()}
         startup["compiled_at_start"] = compiled
+        if others.by_cache is None and not args.accept_start_compiles:
+            run.fail("startup", f"the server's JIT caches could not be read ({others.why_unread})")
         counted = {cache: names for cache, names in compiled.items() if names}
         if counted and not args.accept_start_compiles:
             names = "; ".join(f"{cache}: {', '.join(n)}" for cache, n in counted.items())
@@ -365,9 +405,10 @@ def _checks(args, run, client, container, image, url, api_key, concurrency, need
             )
 
 
-def _report(args, receipt: dict, path: Path, plot: Path | None) -> None:
+def _report(args, receipt: dict, path: Path, plot: Path | None, pushed: dict | None) -> None:
     if args.json:
-        print(json.dumps({**receipt, "receipt": str(path), "plot": plot and str(plot)}, indent=2))
+        where = {"receipt": str(path), "plot": plot and str(plot), "receipt_push": pushed}
+        print(json.dumps({**receipt, **where}, indent=2))
         return
     lines = []
     startup = receipt["startup"] or {}
@@ -538,7 +579,8 @@ in order, stopping at the first hard failure with one line that names it:
               power, SM clock, utilisation and memory sampled with NVML meanwhile
 The receipt (receipt.json, and receipt.png when matplotlib is installed) goes to --out;
 --push-receipt also stores it beside the image in its registry, for verify and launch.
-Exit codes: 0 qualified, 1 bad input, 8 a check failed (the receipt says which).
+Exit codes: 0 qualified, 1 bad input, 8 a check failed (the receipt says which),
+9 no Docker daemon.
 
 examples:
   builder qualify http://127.0.0.1:30000 --container sglang-glm5 --profile glm5-nvfp4-tp8

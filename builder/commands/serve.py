@@ -314,23 +314,30 @@ def _launched_with(container_name: str, params: tuple) -> tuple[str | None, str 
         raise BuilderError(f"--container {container_name}: no such container") from None
     labels = container.labels or {}
     profile = labels.get(launch.PROFILE_LABEL)
-    if not profile:
+    built_by_builder = any(key.startswith("io.builder.") for key in container.image.labels or {})
+    if not profile or not built_by_builder:
         progress.warn(
-            f"--container {container_name} was not started by builder launch: backends not "
-            "checked (give --profile, or --image)"
+            f"--container {container_name} was not started by builder launch from a builder "
+            "image: backends not checked (give --profile, or --image)"
         )
         return None, None, params
     try:
-        launched = tuple(tuple(pair) for pair in json.loads(labels.get(launch.PARAMS_LABEL, "[]")))
-    except ValueError:
-        launched = ()
+        launched = json.loads(labels.get(launch.PARAMS_LABEL, "[]"))
+        merged = {str(key): str(value) for key, value in launched} | dict(params)
+    except (ValueError, TypeError):
+        merged = dict(params)
     progress.info(escape(f"checking profile {profile} as launched (the container's labels)"))
-    return profile, container.image.id, params or launched
+    return profile, container.image.id, tuple(merged.items())
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
     validate.image_reference("verify IMAGE", args.image)
     record = manifest.load(Path(args.manifest)) if args.manifest else None
+    if record is not None and not (record.get("image") or {}).get("image_id"):
+        raise BuilderError(
+            f"--manifest {args.manifest}: records no image (a publish manifest?); give the "
+            "manifest `builder image` wrote"
+        )
     if args.lock and not Path(args.lock).is_file():
         raise BuilderError(f"--lock {args.lock}: no such file")
     client = docker_client.connect()
@@ -430,7 +437,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         findings.append(
             doctor.Finding(
                 "other jit",
-                not others.total,
+                others.by_cache is not None and not others.total,
                 others.summary(),
                 "kept on the profile's sglang cache volume: the next start on this host "
                 "reuses them (if it does not, the volume is missing from the run command)",
