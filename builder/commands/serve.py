@@ -661,7 +661,7 @@ def register(sub) -> None:
         "--manifest", metavar="FILE", help="the build's manifest: the image and wheels it recorded"
     )
     verify_cmd.add_argument(
-        "--lock", metavar="FILE", help="a runtime lock the image's packages must equal"
+        "--lock", metavar="FILE", help="a runtime lock: each package installed at its version"
     )
     add_output_options(verify_cmd)
     verify_cmd.set_defaults(func=cmd_verify)
