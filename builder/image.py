@@ -358,6 +358,9 @@ def _labels(
         f"{LABEL_PREFIX}jit.arch": " ".join(sm_name(a) for a in target.arch_list),
         f"{LABEL_PREFIX}jit.modules": json.dumps(list(options.jit_modules)),
         f"{LABEL_PREFIX}base-image": options.base_image,
+        recipe.LAUNCH_LABEL: json.dumps(
+            recipe.launch_facts(target), sort_keys=True, separators=(",", ":")
+        ),
     }
     for name, fork in forks.items():
         labels[f"{LABEL_PREFIX}{name}.upstream-commit"] = fork.upstream_commit

@@ -1,6 +1,7 @@
 """A qualify receipt beside its image in the registry, tied to the image's digest.
 
-The receipt travels as a one-file image (`FROM scratch`, /receipt.json) tagged
+The receipt travels as a one-file image (`FROM scratch`, /receipt.json, and the same JSON
+in its config's labels, so it is read without a pull or a daemon) tagged
 `REPO:sha256-<image digest hex>.receipt` in the image's own repository: the convention
 cosign uses for signatures, so a registry keeps it with the image, any registry serves it,
 and the name says which image it describes. Its label names the digest as well, and a
@@ -16,15 +17,16 @@ import tempfile
 from pathlib import Path
 
 import docker
-from docker.errors import APIError, ImageNotFound, NotFound
-from requests.exceptions import RequestException
+from docker.errors import APIError, ImageNotFound
 
-from builder import registry
+from builder import registry, registry_api
 from builder.errors import BuilderError
-from builder.image import LABEL_PREFIX, read_file_from_image
+from builder.image import LABEL_PREFIX
 
 RECEIPT_IN_IMAGE = "receipt.json"
 SUBJECT_LABEL = f"{LABEL_PREFIX}receipt.subject"
+# The receipt itself, compact, in the config: read without pulling (registry_api).
+RECEIPT_LABEL = f"{LABEL_PREFIX}receipt"
 
 
 def receipt_tag(digest: str) -> str:
@@ -56,9 +58,11 @@ def push(client: docker.DockerClient, receipt_path: Path) -> str:
         (Path(tmp) / RECEIPT_IN_IMAGE).write_bytes(receipt_path.read_bytes())
         (Path(tmp) / "Dockerfile").write_text(f"FROM scratch\nCOPY {RECEIPT_IN_IMAGE} /\n")
         try:
+            compact = json.dumps(receipt, sort_keys=True, separators=(",", ":"))
             client.images.build(
-                path=tmp, tag=local, labels={SUBJECT_LABEL: digest}, rm=True, pull=False
-            )
+                path=tmp, tag=local, labels={SUBJECT_LABEL: digest, RECEIPT_LABEL: compact},
+                rm=True, pull=False,
+            )  # fmt: skip
         except (APIError, docker.errors.BuildError) as exc:
             raise BuilderError(f"receipt {receipt_path}: cannot make its image: {exc}") from None
     try:
@@ -69,28 +73,30 @@ def push(client: docker.DockerClient, receipt_path: Path) -> str:
     return pushed["reference"]
 
 
-def fetch(client: docker.DockerClient, image_reference: str) -> dict | None:
-    """The receipt pushed for this image, or None when its registry holds none (or the
-    image has no registry digest). One that describes another image is refused."""
-    try:
-        digests = client.images.get(image_reference).attrs.get("RepoDigests") or []
-    except (ImageNotFound, APIError):
-        return None
+def fetch(image_reference: str, client: docker.DockerClient | None = None) -> dict | None:
+    """The receipt pushed for this image, read from the registry's image config of the
+    receipt (no pull, no daemon), or None when there is none or the image's registry digest
+    is unknown (a reference by tag of an image this engine does not have). One that
+    describes another image is refused."""
+    digests = [image_reference] if "@sha256:" in image_reference else []
+    if not digests and client is not None:
+        try:
+            digests = client.images.get(image_reference).attrs.get("RepoDigests") or []
+        except (ImageNotFound, APIError):
+            digests = []
     for repo_digest in digests:
         repository, digest = _split_repo_digest(repo_digest)
-        tag = receipt_tag(digest)
+        reference = f"{repository}:{receipt_tag(digest)}"
         try:
-            client.images.pull(repository, tag=tag, auth_config=registry.auth(repository))
-        except (NotFound, APIError, RequestException):
+            label = registry_api.labels(reference).get(RECEIPT_LABEL)
+        except BuilderError:  # none pushed (404), or the registry is out of reach
             continue
-        reference = f"{repository}:{tag}"
+        if not label:
+            continue
         try:
-            receipt = json.loads(read_file_from_image(client, reference, f"/{RECEIPT_IN_IMAGE}"))
-        except (NotFound, APIError, ValueError):
-            continue
-        finally:
-            with contextlib.suppress(ImageNotFound, APIError):
-                client.images.remove(reference, noprune=False)
+            receipt = json.loads(label)
+        except ValueError:
+            raise BuilderError(f"receipt {reference}: not JSON") from None
         described = ((receipt.get("server") or {}).get("image") or {}).get("repo_digests") or []
         if not any(d.endswith(f"@{digest}") for d in described):
             raise BuilderError(

@@ -26,6 +26,9 @@ from builder.wheels import BuiltWheel, patched_lines
 
 RECIPE_PATH = "/opt/builder/recipe.json"
 SCHEMA_VERSION = 1
+# The part of the recipe a VM needs to launch (target, profiles), also as an image label:
+# read from the registry's image config, it needs no pull and no Docker daemon.
+LAUNCH_LABEL = "io.builder.launch"
 
 
 def _made_from(fork: Fork) -> dict:
@@ -79,6 +82,54 @@ def build_recipe(
         "profiles": {"default": default, "profiles": profiles},
         "builder": builder_identity(),  # which builder made this image
     }
+
+
+def launch_facts(target: Target) -> dict:
+    """What `launch`, `deploy-files`, `wait-ready` and `doctor` read of an image."""
+    profiles, default = launch.load_profiles(target.file)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "target": {
+            "name": target.name,
+            "description": target.description,
+            "cuda_version": str(target.cuda_version),
+            "arch_list": list(target.arch_list),
+        },
+        "profiles": {"default": default, "profiles": profiles},
+    }
+
+
+def launch_recipe(reference: str) -> dict:
+    """An image's target and launch profiles: from the local image when the engine has it,
+    else from its registry's image config (no pull, no daemon needed), else pulled."""
+    from builder import docker_client, registry_api
+    from builder.errors import Unreachable
+
+    try:
+        client = docker_client.connect()
+    except Unreachable:
+        client = None
+    if client is not None:
+        try:
+            client.images.get(reference)
+            return from_image(client, reference)
+        except ImageNotFound:
+            pass
+    try:
+        label = registry_api.labels(reference).get(LAUNCH_LABEL)
+        if label:
+            facts = json.loads(label)
+            if facts.get("schema_version") == SCHEMA_VERSION:
+                return facts
+    except (BuilderError, ValueError) as exc:
+        if client is None:
+            raise BuilderError(
+                f"--image {reference}: no Docker daemon here, and its registry did not give "
+                f"its config ({exc})"
+            ) from None
+    if client is None:
+        raise BuilderError(f"--image {reference}: its registry config has no {LAUNCH_LABEL}")
+    return from_image(client, reference)
 
 
 def write(recipe: dict, directory: Path) -> Path:

@@ -44,6 +44,14 @@ def _label_check(labels: dict[str, str], recipe: dict) -> Check:
         expected[f"{LABEL_PREFIX}{name}.fork-commit"] = upstream["fork_commit"]
         expected[f"{LABEL_PREFIX}{name}.patch-series-sha256"] = upstream["series_sha256"]
     wrong = sorted(key for key, value in expected.items() if labels.get(key) != value)
+    # What launch reads from the registry without pulling must be what the recipe says.
+    launch_label = labels.get(image_recipe.LAUNCH_LABEL)
+    facts = {key: recipe[key] for key in ("schema_version", "target", "profiles")}
+    try:
+        if launch_label is not None and json.loads(launch_label) != facts:
+            wrong.append(image_recipe.LAUNCH_LABEL)
+    except ValueError:
+        wrong.append(image_recipe.LAUNCH_LABEL)
     if wrong:
         return Check("labels", False, f"{len(wrong)} label(s) disagree with the recipe: {wrong[0]}")
     return Check("labels", True, f"{len(expected)} labels agree with the recipe")

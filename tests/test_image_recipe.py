@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from docker.errors import ImageNotFound
 
 from tests.conftest import REGISTRY_PASSWORD
 from tests.test_image import REGISTRY_ENV, image_args
@@ -71,8 +72,11 @@ def test_launch_and_deploy_files_from_a_pulled_image_alone(
     reference = pushed["reference"]
     docker_client.images.remove(f"{repository}:{pushed['tag']}")
 
+    # No Docker daemon at all: the profiles come from the registry's image config (its
+    # launch label), and not one layer is pulled.
+    no_daemon = "unix:///nonexistent/docker.sock"
     launched = bare_builder(
-        tmp_path, docker_host, "launch", "--image", reference, "--port", "8123",
+        tmp_path, no_daemon, "launch", "--image", reference, "--port", "8123",
         "--set", "mem_fraction_static=0.8", "--json",
     )  # fmt: skip
     assert REGISTRY_PASSWORD not in launched.stdout + launched.stderr
@@ -81,10 +85,11 @@ def test_launch_and_deploy_files_from_a_pulled_image_alone(
     assert recipe["readiness"]["url"] == "http://127.0.0.1:8123"
     assert "--port" in recipe["args"] and "8123" in recipe["args"]
     assert "0.8" in recipe["args"]
-    assert docker_client.images.get(reference), "pulled from the registry"
+    with pytest.raises(ImageNotFound):
+        docker_client.images.get(reference)
 
     out = tmp_path / "deploy"
-    bare_builder(tmp_path, docker_host, "deploy-files", "--image", reference, "--out", str(out))
+    bare_builder(tmp_path, no_daemon, "deploy-files", "--image", reference, "--out", str(out))
     compose = yaml.safe_load((out / "compose.yaml").read_text())
     (service,) = compose["services"].values()
     assert service["image"] == reference
@@ -501,7 +506,10 @@ def test_qualify_through_the_images_recipe_and_its_receipt_beside_the_image(
         }
         (forged / "receipt.json").write_text(json.dumps(other))
         (forged / "Dockerfile").write_text("FROM scratch\nCOPY receipt.json /\n")
-        docker_client.images.build(path=str(forged), tag=f"{repository}:{tag}")
+        docker_client.images.build(
+            path=str(forged), tag=f"{repository}:{tag}",
+            labels={"io.builder.receipt": json.dumps(other)},
+        )  # fmt: skip
         docker_client.images.push(repository, tag=tag, auth_config=auth)
         docker_client.images.remove(f"{repository}:{tag}")
         refused = bare_builder(tmp_path, docker_host, "verify", reference, check=False)

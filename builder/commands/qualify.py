@@ -193,8 +193,7 @@ def _expect_from_profile(
         return {}, None
     reference = args.image or (image or {}).get("id")
     if reference and (args.image or image.get("built_by_builder")):
-        built = image_recipe.from_image(client, reference)
-        source = image_recipe.profiles_of(built, reference)
+        source = image_recipe.profiles_of(image_recipe.launch_recipe(reference), reference)
     else:
         source = load_target(resolve_data_dir(args.data_dir), args.target).file
     recipe = launch.resolve(source, profile, "-", launch.Overrides(params=params))

@@ -82,11 +82,10 @@ def _recipe(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
         api_key_file=key_file,
     )
     if args.image:
-        client = docker_client.connect()
-        profiles = image_recipe.profiles_of(image_recipe.from_image(client, args.image), args.image)
+        profiles = image_recipe.profiles_of(image_recipe.launch_recipe(args.image), args.image)
         recipe = launch.resolve(profiles, args.profile, args.image, overrides)
         source = f"{args.image}:{image_recipe.RECIPE_PATH}"
-        _say_receipt(client, args.image)
+        _say_receipt(None, args.image)
     else:
         data_dir = resolve_data_dir(args.data_dir)
         target = load_target(data_dir, args.target)
@@ -110,7 +109,7 @@ def _recipe(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
 def _say_receipt(client, image: str) -> str | None:
     """One line on stderr: what `builder qualify` measured for this image, if pushed."""
     try:
-        receipt = receipts.fetch(client, image)
+        receipt = receipts.fetch(image, client)
     except BuilderError as exc:
         progress.warn(str(exc))
         return None
@@ -288,9 +287,7 @@ def cmd_wait_ready(args: argparse.Namespace) -> None:
         raise BuilderError("--set: give --profile or --image (the profile whose params it sets)")
     if profile or image:
         if image:
-            source = image_recipe.profiles_of(
-                image_recipe.from_image(docker_client.connect(), image), image
-            )
+            source = image_recipe.profiles_of(image_recipe.launch_recipe(image), image)
         else:
             source = load_target(resolve_data_dir(args.data_dir), args.target).file
         recipe = launch.resolve(source, profile, "-", launch.Overrides(params=params))
@@ -374,7 +371,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
     if args.image:
         validate.image_reference("--image", args.image)
         # On a VM: everything from the image's recipe, no checkout needed.
-        built = image_recipe.from_image(docker_client.connect(), args.image)
+        built = image_recipe.launch_recipe(args.image)
         known = image_recipe.profiles_of(built, args.image)
         cuda_version = Version(built["target"]["cuda_version"])
         arch_list = built["target"]["arch_list"]
