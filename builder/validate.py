@@ -3,6 +3,7 @@ is one BuilderError naming the flag and the value."""
 
 from __future__ import annotations
 
+import math
 import re
 import tempfile
 from pathlib import Path
@@ -110,3 +111,22 @@ def python_platform(setting: str, value: str) -> None:
             f"{setting} {value!r}: expected ARCH-manylinux_X_Y for the image's glibc, "
             "e.g. x86_64-manylinux_2_39 (Ubuntu 24.04) or x86_64-manylinux_2_28"
         )
+
+
+_UNITS = {"s": 1 / 60, "m": 1.0, "h": 60.0}
+
+
+def minutes(flag: str, text: str | None) -> float | None:
+    """A duration in minutes: `20` (minutes), or with its unit: `90s`, `20m`, `1.5h`."""
+    if text is None:
+        return None
+    number, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "m")
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise BuilderError(
+            f"{flag} {text}: must be a number of minutes, 0 or more (or with a unit: 90s, 20m, 1h)"
+        )
+    return value

@@ -148,7 +148,7 @@ def test_compiles_on_a_hosts_first_start_can_be_accepted(
 def test_no_server_is_one_line_and_a_receipt_that_says_so(builder, tmp_path) -> None:
     out = tmp_path / "q"
     url = f"http://127.0.0.1:{free_port()}"
-    result = builder.run("qualify", url, "--deadline", "0", "--out", str(out), check=False)
+    result = builder.run("qualify", url, "--deadline", "0s", "--out", str(out), check=False)
     assert result.returncode == 8
     assert "NOT qualified: startup: timeout: not ready after" in result.stdout
     assert "nothing is listening there" in result.stdout
@@ -161,7 +161,8 @@ def test_no_server_is_one_line_and_a_receipt_that_says_so(builder, tmp_path) -> 
         ([], "qualify: give the server URL (http://HOST:PORT), or --compare A B"),
         (["http://127.0.0.1:1", "--concurrency", "0,4"], "--concurrency '0,4': expected whole numbers above 0"),
         (["http://127.0.0.1:1", "--needles", "x"], "--needles 'x': expected whole numbers above 0"),
-        (["http://127.0.0.1:1", "--deadline", "nan"], "--deadline nan: must be a number, 0 or more"),
+        (["http://127.0.0.1:1", "--deadline", "nan"], "--deadline nan: must be a number of minutes, 0 or more"),
+        (["http://127.0.0.1:1", "--deadline", "20x"], "--deadline 20x: must be a number of minutes"),
         (["http://127.0.0.1:1", "--output-len", "0"], "--output-len 0: must be a whole number above 0"),
         (["ftp://127.0.0.1:1"], "qualify URL 'ftp://127.0.0.1:1': expected http://HOST:PORT"),
         (["--compare", "/nonexistent.json", "/nonexistent.json"], "--compare /nonexistent.json: not a readable receipt"),

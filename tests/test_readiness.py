@@ -243,3 +243,19 @@ def test_an_ipv6_server_is_waited_for_like_any_other(builder) -> None:
         assert json.loads(result.stdout)["state"] == "ready"
     finally:
         server.shutdown()
+
+
+def test_durations_take_a_unit(builder) -> None:
+    """--deadline 3s: minutes by default, or seconds, minutes, hours with their unit."""
+    from builder import validate
+
+    assert validate.minutes("--deadline", "90s") == 1.5
+    assert validate.minutes("--deadline", "1.5h") == 90
+    assert validate.minutes("--deadline", "20") == validate.minutes("--deadline", "20m") == 20
+    port = free_port()
+    result = builder.run(
+        "wait-ready", f"http://127.0.0.1:{port}", "--deadline", "3s", "--poll", "0.5",
+        "--json", check=False,
+    )  # fmt: skip
+    verdict = json.loads(result.stdout)
+    assert result.returncode == 4 and 2.5 <= verdict["elapsed_seconds"] < 20

@@ -209,12 +209,9 @@ def cmd_qualify(args: argparse.Namespace) -> None:
     url = validate.server_url("qualify URL", args.url)
     concurrency = _numbers("--concurrency", args.concurrency)
     needles = _numbers("--needles", args.needles)
-    for flag, value, low in (
-        ("--deadline", args.deadline, 0),
-        ("--level-seconds", args.level_seconds, 1),
-    ):
-        if value is not None and not (math.isfinite(value) and value >= low):
-            raise BuilderError(f"{flag} {value:g}: must be a number, {low} or more")
+    args.deadline = validate.minutes("--deadline", args.deadline)
+    if not (math.isfinite(args.level_seconds) and args.level_seconds >= 1):
+        raise BuilderError(f"--level-seconds {args.level_seconds:g}: must be a number, 1 or more")
     for flag, value in (("--input-len", args.input_len), ("--output-len", args.output_len)):
         if value <= 0:
             raise BuilderError(f"{flag} {value}: must be a whole number above 0")
@@ -624,8 +621,9 @@ examples:
     )  # fmt: skip
     command.add_argument("--seed", type=int, default=1, help="prompts and needles (default: 1)")
     command.add_argument(
-        "--deadline", type=float, metavar="MINUTES",
-        help="minutes to wait for ready (default: the profile's, or 20)",
+        "--deadline", metavar="MINUTES",
+        help="how long to wait for ready, in minutes or with a unit (90s, 20m, 1h) "
+        "(default: the profile's, or 20)",
     )  # fmt: skip
     command.add_argument(
         "--accept-start-compiles", action="store_true",

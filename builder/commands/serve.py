@@ -269,9 +269,8 @@ def _compiled_line(compiled: list[str], container: str) -> str:
 
 def cmd_wait_ready(args: argparse.Namespace) -> None:
     validate.server_url("wait-ready URL", args.url)
-    for flag, value in (("--deadline", args.deadline), ("--stall-minutes", args.stall_minutes)):
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            raise BuilderError(f"{flag} {value:g}: must be a number of minutes, 0 or more")
+    args.deadline = validate.minutes("--deadline", args.deadline)
+    args.stall_minutes = validate.minutes("--stall-minutes", args.stall_minutes)
     if not (math.isfinite(args.poll) and args.poll > 0):
         raise BuilderError(f"--poll {args.poll:g}: must be a number of seconds above 0")
     if args.image:
@@ -589,14 +588,13 @@ def register(sub) -> None:
     )
     wait.add_argument(
         "--deadline",
-        type=float,
         metavar="MINUTES",
-        help="minutes to wait; 0 checks once (default: the profile's, or 20)",
+        help="how long to wait, in minutes or with a unit (90s, 20m, 1h); 0 checks once "
+        "(default: the profile's, or 20)",
     )
     wait.add_argument(
         "--stall-minutes",
-        type=float,
-        default=STALL_MINUTES,
+        default=str(STALL_MINUTES),
         metavar="MINUTES",
         help="with --container: no new log line for this long before ready is a stall "
         f"(default: {STALL_MINUTES:g})",
