@@ -45,15 +45,8 @@ def build_recipe(
     wheels: dict[str, BuiltWheel],
     jit_modules: tuple[str, ...],
 ) -> dict:
-    profiles, default = launch.load_profiles(target.file)
     return {
-        "schema_version": SCHEMA_VERSION,
-        "target": {
-            "name": target.name,
-            "description": target.description,
-            "cuda_version": str(target.cuda_version),
-            "arch_list": list(target.arch_list),
-        },
+        **launch_facts(target),  # schema_version, target, profiles
         "upstreams": {
             name: {
                 "made_from": _made_from(target.upstreams[name].fork),
@@ -79,7 +72,6 @@ def build_recipe(
             if name in wheels
         },
         "jit_modules": list(jit_modules),
-        "profiles": {"default": default, "profiles": profiles},
         "builder": builder_identity(),  # which builder made this image
     }
 
