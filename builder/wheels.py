@@ -101,11 +101,7 @@ def backend_environment(extra: dict[str, str]) -> dict[str, str]:
     return {**allowed, **extra}
 
 
-def _runner(log_path: Path, extra_env: dict[str, str]):
-    home = log_path.parent / f"{log_path.stem}.home"
-    remove_tree(home)
-    home.mkdir(parents=True)
-
+def _runner(log_path: Path, extra_env: dict[str, str], home: Path):
     def run(cmd, cwd=None, extra_environ=None):
         env = backend_environment({**(extra_environ or {}), **extra_env, "HOME": str(home)})
         with log_path.open("ab") as log:
@@ -264,8 +260,15 @@ def _export_source(
 def _run_build(source: Path, fork: Fork, env: dict[str, str], outdir: Path, log_path: Path) -> Path:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("")
+    with tempfile.TemporaryDirectory(prefix="builder-backend-home-") as home:
+        return _build_with(source, fork, env, outdir, log_path, Path(home))
+
+
+def _build_with(
+    source: Path, fork: Fork, env: dict[str, str], outdir: Path, log_path: Path, home: Path
+) -> Path:
     project = build.ProjectBuilder(
-        source, python_executable=sys.executable, runner=_runner(log_path, env)
+        source, python_executable=sys.executable, runner=_runner(log_path, env, home)
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -51,7 +51,11 @@ def test_an_upstream_build_backend_gets_only_the_allowlisted_environment(
     }
     for key, value in secrets.items():
         monkeypatch.setenv(key, value)
-    runner = wheels._runner(tmp_path / "build.log", {"FLASHINFER_LOCAL_VERSION": "sm120.gabc"})
+    home = tmp_path / "backend-home"
+    home.mkdir()
+    runner = wheels._runner(
+        tmp_path / "build.log", {"FLASHINFER_LOCAL_VERSION": "sm120.gabc"}, home
+    )
     builder = build.ProjectBuilder(project, runner=runner)
     builder.build("wheel", tmp_path / "out")
 
@@ -60,8 +64,8 @@ def test_an_upstream_build_backend_gets_only_the_allowlisted_environment(
     assert not any(value in json.dumps(seen) for value in secrets.values())
     assert seen["FLASHINFER_LOCAL_VERSION"] == "sm120.gabc"
     assert seen["PATH"]
-    # Not the user's HOME (~/.docker/config.json, ~/.netrc): an empty one beside the log.
-    assert seen["HOME"] == str(tmp_path / "build.home") != os.environ.get("HOME")
+    # Not the user's HOME (~/.docker/config.json, ~/.netrc): an empty one of its own.
+    assert seen["HOME"] == str(home) != os.environ.get("HOME")
     unexpected = set(seen) - {*wheels.BACKEND_ENV_ALLOWLIST, "FLASHINFER_LOCAL_VERSION", "HOME"}
     # What `build` and pyproject_hooks add themselves to talk to the backend.
     assert all(key.startswith(("PEP517", "_PYPROJECT_HOOKS", "PYTHON")) for key in unexpected)
