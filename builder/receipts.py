@@ -68,8 +68,9 @@ def push(client: docker.DockerClient, receipt_path: Path) -> str:
     try:
         pushed = registry.push(client, local, repository)
     finally:
-        with contextlib.suppress(ImageNotFound, APIError):
-            client.images.remove(local, noprune=False)
+        for tag in (local, f"{repository}:{receipt_tag(digest)}"):  # pushed: not kept here
+            with contextlib.suppress(ImageNotFound, APIError):
+                client.images.remove(tag, noprune=False)
     return pushed["reference"]
 
 
