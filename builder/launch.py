@@ -439,6 +439,19 @@ def systemd_unit(recipe: Recipe, directory: str) -> str:
     )
 
 
+def launched_with(
+    labels: dict[str, str], params: tuple[tuple[str, str], ...]
+) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """(profile, params) a container was started with, from the labels `launch` and compose
+    put on it (profile None: started some other way); `params` (--set) win over its own."""
+    try:
+        launched = json.loads(labels.get(PARAMS_LABEL, "[]"))
+        merged = {str(key): str(value) for key, value in launched} | dict(params)
+    except (ValueError, TypeError):
+        merged = dict(params)
+    return labels.get(PROFILE_LABEL), tuple(merged.items())
+
+
 def _refuse_contradictions(
     template: list[str], rendered: list[str], extra: tuple[str, ...], name: str
 ) -> None:

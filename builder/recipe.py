@@ -91,6 +91,13 @@ def launch_facts(target: Target) -> dict:
     }
 
 
+def built_by_builder(image) -> bool:
+    """Whether a Docker image carries builder's labels (and so its recipe)."""
+    from builder.image import LABEL_PREFIX
+
+    return any(key.startswith(LABEL_PREFIX) for key in image.labels or {})
+
+
 def launch_recipe(reference: str) -> dict:
     """An image's target and launch profiles: from the local image when the engine has it,
     else from its registry's image config (no pull, no daemon needed), else pulled."""

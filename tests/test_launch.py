@@ -357,3 +357,14 @@ def test_an_extra_arg_that_may_abbreviate_a_profile_flag_is_a_warning(capsys) ->
     assert "if sglang reads --cuda-graph-max-bs as short for --cuda-graph-max-bs-decode" in (
         capsys.readouterr().err
     )
+
+
+def test_what_a_container_was_launched_with_reads_back_from_its_labels() -> None:
+    recipe = launch.resolve(
+        TARGET, "glm5-nvfp4-tp8-fusion", IMAGE,
+        launch.Overrides(params=(("kv_cache_dtype", "bf16"), ("port", "8000"))),
+    )  # fmt: skip
+    profile, params = launch.launched_with(recipe.labels, (("port", "9000"),))
+    assert profile == "glm5-nvfp4-tp8-fusion"
+    assert dict(params) == {"kv_cache_dtype": "bf16", "port": "9000"}, "--set wins"
+    assert launch.launched_with({}, ()) == (None, ())

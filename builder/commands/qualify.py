@@ -39,7 +39,6 @@ from builder.commands.common import (
 from builder.commands.serve import read_api_key
 from builder.errors import EXIT_CODES, BuilderError
 from builder.identity import builder_identity
-from builder.image import LABEL_PREFIX
 from builder.settings import resolve_data_dir
 from builder.target import load_target
 
@@ -72,12 +71,11 @@ def _public_url(url: str) -> str:
 
 
 def _image_of(image, reference: str | None) -> dict:
-    built_by_builder = any(key.startswith(LABEL_PREFIX) for key in image.labels or {})
     return {
         "reference": reference,
         "id": image.id,
         "repo_digests": image.attrs.get("RepoDigests") or [],
-        "built_by_builder": built_by_builder,
+        "built_by_builder": image_recipe.built_by_builder(image),
     }
 
 
@@ -175,13 +173,7 @@ def _launched_profile(args, container) -> tuple[str | None, tuple]:
     params = tuple(tuple(item.split("=", 1)) for item in args.set)
     if args.profile or container is None:
         return args.profile, params
-    labels = container.labels or {}
-    try:
-        launched = json.loads(labels.get(launch.PARAMS_LABEL, "[]"))
-        merged = {str(key): str(value) for key, value in launched} | dict(params)
-    except (ValueError, TypeError):
-        merged = dict(params)
-    return labels.get(launch.PROFILE_LABEL), tuple(merged.items())
+    return launch.launched_with(container.labels or {}, params)
 
 
 def _expect_from_profile(

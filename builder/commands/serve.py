@@ -308,22 +308,15 @@ def _launched_with(container_name: str, params: tuple) -> tuple[str | None, str 
         container = docker_client.connect().containers.get(container_name)
     except NotFound:
         raise BuilderError(f"--container {container_name}: no such container") from None
-    labels = container.labels or {}
-    profile = labels.get(launch.PROFILE_LABEL)
-    built_by_builder = any(key.startswith("io.builder.") for key in container.image.labels or {})
-    if not profile or not built_by_builder:
+    profile, merged = launch.launched_with(container.labels or {}, params)
+    if not profile or not image_recipe.built_by_builder(container.image):
         progress.warn(
             f"--container {container_name} was not started by builder launch from a builder "
             "image: backends not checked (give --profile, or --image)"
         )
         return None, None, params
-    try:
-        launched = json.loads(labels.get(launch.PARAMS_LABEL, "[]"))
-        merged = {str(key): str(value) for key, value in launched} | dict(params)
-    except (ValueError, TypeError):
-        merged = dict(params)
     progress.info(escape(f"checking profile {profile} as launched (the container's labels)"))
-    return profile, container.image.id, tuple(merged.items())
+    return profile, container.image.id, merged
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
