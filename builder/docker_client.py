@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import datetime
 
 import docker
 from docker.errors import DockerException
@@ -23,3 +24,14 @@ def connect() -> docker.DockerClient:
             "installed: `apt-get install docker.io`) or set DOCKER_HOST to a running one's socket"
         ) from None
     return client
+
+
+def timestamp(stamp: str) -> datetime:
+    """Docker's RFC 3339 UTC time (nanoseconds, `Z`), to microseconds; ValueError if not one."""
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{whole}.{(fraction or '0')[:6]:0<6}+00:00")
+
+
+def started_at(container) -> datetime:
+    """When the container last started (its State.StartedAt)."""
+    return timestamp(container.attrs["State"].get("StartedAt", ""))

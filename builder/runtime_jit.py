@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import PurePosixPath
 
 from docker.errors import APIError
+
+from builder import docker_client
 
 # Name as reports print it -> where its files live, read from the container's environment.
 CACHES = {"DeepGEMM": "deep_gemm", "sglang JIT": "sglang_jit", "Triton": "triton"}
@@ -112,13 +113,6 @@ class RuntimeCompiles:
         return sum(len(found) for found in (self.by_cache or {}).values())
 
 
-def _started_at(container) -> float:
-    stamp = container.attrs["State"]["StartedAt"]  # RFC 3339 with nanoseconds
-    whole, _, fraction = stamp.rstrip("Z").partition(".")
-    seconds = datetime.fromisoformat(whole + "+00:00").timestamp()
-    return seconds + float(f"0.{fraction or 0}")
-
-
 def compiled_in_container(container) -> RuntimeCompiles:
     """DeepGEMM, sglang JIT and Triton kernels written since the container last started."""
     container.reload()
@@ -128,7 +122,7 @@ def compiled_in_container(container) -> RuntimeCompiles:
     roots = cache_roots(_environment(container))
     # A second's slack: file times and the engine's start time come from one clock, but
     # the first compile can land within the second the engine records.
-    since = _started_at(container) - 1.0
+    since = docker_client.started_at(container).timestamp() - 1.0
     try:
         result = container.exec_run(
             ["python3", "-c", _LIST_NEWER, json.dumps(roots), repr(since), *KERNEL_SUFFIXES],

@@ -108,7 +108,7 @@ def _server_command(container) -> list[str]:
 
 def _started_seconds_ago(container) -> float | None:
     try:
-        started = _timestamp(container.attrs["State"].get("StartedAt", ""))
+        started = docker_client.started_at(container)
     except ValueError:
         return None
     return (datetime.now(UTC) - started).total_seconds()
@@ -126,7 +126,7 @@ def _time_to_ready(container, waited: float) -> tuple[float | None, str]:
         return round(waited, 1), "qualify start"
     container.reload()
     try:
-        started = _timestamp(container.attrs["State"].get("StartedAt", ""))
+        started = docker_client.started_at(container)
     except ValueError:
         return None, "unknown: ready before qualify came"
     # This start's lines only (a restarted container keeps the earlier ones).
@@ -134,7 +134,7 @@ def _time_to_ready(container, waited: float) -> tuple[float | None, str]:
     for line in logs.decode(errors="replace").splitlines():
         if _SGLANG_READY in line:
             try:
-                ready = _timestamp(line.split(" ", 1)[0])
+                ready = docker_client.timestamp(line.split(" ", 1)[0])
             except ValueError:
                 break
             if ready >= started:
@@ -143,12 +143,6 @@ def _time_to_ready(container, waited: float) -> tuple[float | None, str]:
     if since_start is not None and waited >= 5:  # qualify saw it turn ready
         return round(since_start, 1), "container start"
     return None, "unknown: ready before qualify came"
-
-
-def _timestamp(stamp: str) -> datetime:
-    """Docker's RFC 3339 time with nanoseconds, to microseconds."""
-    whole, _, fraction = stamp.rstrip("Z").partition(".")
-    return datetime.fromisoformat(f"{whole}.{(fraction or '0')[:6]:0<6}+00:00")
 
 
 class _Run:
