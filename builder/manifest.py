@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -133,8 +134,8 @@ def load(path: Path) -> dict:
     return manifest
 
 
-def latest_with_image(directory: Path) -> Path:
-    """The newest manifest of the target that records an image."""
+def with_images(directory: Path) -> Iterator[tuple[Path, dict]]:
+    """(path, manifest) of the target's manifests that record an image, newest first."""
     candidates = sorted(
         (
             p
@@ -144,8 +145,15 @@ def latest_with_image(directory: Path) -> Path:
         reverse=True,
     )
     for path in candidates:
-        if (load(path).get("image") or {}).get("reference"):
-            return path
+        record = load(path)
+        if (record.get("image") or {}).get("reference"):
+            yield path, record
+
+
+def latest_with_image(directory: Path) -> Path:
+    """The newest manifest of the target that records an image."""
+    for path, _ in with_images(directory):
+        return path
     raise BuilderError(f"{directory}: no manifest with an image yet (run `builder image` first)")
 
 

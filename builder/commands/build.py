@@ -321,12 +321,9 @@ def _manifest_kernel_wheel(
     with, never merely the newest file that matches a pattern."""
     if flashinfer is None:
         return None
-    for path in sorted(directory.glob("*.json"), reverse=True):
-        if path.name == manifest.LATEST or path.name.endswith(manifest.SBOM_SUFFIX):
-            continue
-        record = manifest.load(path)
+    for path, record in manifest.with_images(directory):
         recorded = record.get("wheels") or {}
-        if not (record.get("image") or {}).get("reference") or "kernels" not in recorded:
+        if "kernels" not in recorded:
             continue
         if (recorded.get("flashinfer") or {}).get("sha256") != flashinfer.sha256:
             continue
