@@ -37,13 +37,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # Named lists. sm120-current: what a GLM-5-NVFP4 TP-8 server on SM120 loads with sglang
 # 0.5.23 and flashinfer 0.7.2 (../shared/UPSTREAM-current.md §4; sparse MLA, cutlass fused
 # MoE, NVFP4 quantisation and GEMM, DSv3 routing, sampling, the opt-in PCIe IPC
-# all-reduce), each generator called as flashinfer's own loader calls it. Largest first:
+# all-reduce and the experimental fusion profile's trtllm_comm), each generator called as flashinfer's own loader calls it. Largest first:
 # fused_moe_120 gets a call to itself, and a call that runs out of time stops a small one.
 SETS = {
     "sm120-current": [
         "flashinfer.jit.fused_moe:gen_cutlass_fused_moe_sm120_module",
         "flashinfer.jit.mla:gen_sparse_mla_sm120_module",
         "flashinfer.jit.gemm:gen_gemm_sm120_module_cutlass_fp4",
+        "flashinfer.jit.comm:gen_trtllm_comm_module",
         "flashinfer.jit.sampling:gen_sampling_module",
         "flashinfer.jit.dsv3_optimizations:gen_dsv3_fused_routing_module",
         "flashinfer.jit.fp4_quantization:gen_fp4_quantization_sm120f_module",
@@ -254,8 +255,11 @@ def merge(args: argparse.Namespace) -> None:
     call's view; a module may appear in several (a workspace that did not survive between
     calls compiles it again): its `seconds` is its fastest complete compile (a complete
     record's attempts summed), and every attempt of every call is listed."""
+    previous = json.loads(args.previous.read_text()) if args.previous else {}
+    earlier_rows = {r["module"]: r for r in previous.get("modules", []) if r["attempts"]}
+    calls_before = previous.get("calls", 0)
     host, arch, seen = {}, None, {}
-    for call, path in enumerate(args.records, 1):
+    for call, path in enumerate(args.records, calls_before + 1):
         data = json.loads(path.read_text())
         host, arch = data["host"], data["arch"]
         for module, record in data["records"].items():
@@ -263,6 +267,24 @@ def merge(args: argparse.Namespace) -> None:
     listed = args.module or SETS.get(args.set) or listed_generators(args.target)
 
     def row(module: str) -> dict:
+        current = new_row(module)
+        earlier = earlier_rows.get(module)
+        if earlier is None:
+            return current
+        if not seen.get(module):
+            return earlier
+        merged = {**current, "attempts": earlier["attempts"] + current["attempts"]}
+        merged["complete_compiles_seconds"] = (
+            earlier["complete_compiles_seconds"] + current["complete_compiles_seconds"]
+        )
+        if earlier["status"] == "done" and (
+            current["status"] != "done" or earlier["seconds"] <= current["seconds"]
+        ):
+            keep = ("name", "status", "seconds", "so_bytes", "device_code", "objects")
+            merged |= {key: earlier[key] for key in keep} | {"objects_built_at_last_stop": None}
+        return merged
+
+    def new_row(module: str) -> dict:
         records = seen.get(module, [])
         complete = [r for _, r in records if r["status"] == "done"]
         best = min(complete, key=lambda r: r["seconds"]) if complete else None
@@ -298,13 +320,13 @@ def merge(args: argparse.Namespace) -> None:
         "flashinfer_wheel": args.flashinfer_wheel,
         "nvcc_version": nvcc[0] if len(nvcc) == 1 else nvcc,
         "jobs": sorted({a["jobs"] for r in rows for a in r["attempts"]}),
-        "calls": len(args.records),
+        "calls": calls_before + len(args.records),
         "modules": rows,
         "total_seconds_finished": round(sum(r["seconds"] for r in done), 1),
         "total_so_bytes_finished": sum(r["so_bytes"] for r in done),
         "all_finished": len(done) == len(rows),
         "not_finished": [r["name"] or r["module"] for r in rows if r["status"] != "done"],
-        **({"notes": args.note} if args.note else {}),
+        **({"notes": notes} if (notes := previous.get("notes", []) + (args.note or [])) else {}),
         # How this list compares with the target's [[jit.modules]] when merged.
         "not_in_target_toml": [m for m in listed if m not in target_modules],
         "in_target_toml_not_compiled": [m for m in target_modules if m not in listed],
@@ -337,6 +359,11 @@ def main() -> None:
     )
     merge_parser.add_argument("records", nargs="+", type=Path)
     merge_parser.add_argument("--result", type=Path, required=True)
+    merge_parser.add_argument(
+        "--previous",
+        type=Path,
+        help="an earlier result file: its modules and attempts are kept, its calls numbered first",
+    )
     merge_parser.add_argument("--machine", required=True, help="where the records were made")
     merge_parser.add_argument("--flashinfer-wheel", help="the flashinfer wheel compiled from")
     merge_parser.add_argument("--note", action="append", help="a line for the result (repeatable)")
