@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import tarfile
 from datetime import datetime
 
 import docker
@@ -35,3 +37,14 @@ def timestamp(stamp: str) -> datetime:
 def started_at(container) -> datetime:
     """When the container last started (its State.StartedAt)."""
     return timestamp(container.attrs["State"].get("StartedAt", ""))
+
+
+def read_file_from_image(client: docker.DockerClient, reference: str, path: str) -> bytes:
+    """One file of an image, read from a created (never started) container."""
+    container = client.containers.create(reference, entrypoint=["true"])
+    try:
+        stream, _ = container.get_archive(path)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
+            return archive.extractfile(archive.getmembers()[0]).read()
+    finally:
+        container.remove(force=True)

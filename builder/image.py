@@ -8,11 +8,9 @@ only checks keys, and `--plan` can say which stage would rebuild and why.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import shutil
-import tarfile
 import tempfile
 import time
 import zipfile
@@ -28,6 +26,7 @@ from packaging.utils import canonicalize_name
 
 from builder import (
     __version__,
+    docker_client,
     kernel_build,
     kernel_cache,
     kernels,
@@ -43,11 +42,11 @@ from builder.errors import BuilderError
 from builder.identity import code_key
 from builder.lock import Lock
 from builder.patches import ForkResult
+from builder.recipe import LABEL_PREFIX
 from builder.target import Target
 from builder.urls import redact
 from builder.wheels import BuiltWheel
 
-LABEL_PREFIX = "io.builder."
 INVENTORY_PATH = "/opt/builder/jit-inventory.json"
 STAGES = ("runtime", "flashinfer", "server")
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)")
@@ -463,16 +462,6 @@ def _stream_build(
     return image_id
 
 
-def read_file_from_image(client: docker.DockerClient, reference: str, path: str) -> bytes:
-    container = client.containers.create(reference, entrypoint=["true"])
-    try:
-        stream, _ = container.get_archive(path)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
-            return archive.extractfile(archive.getmembers()[0]).read()
-    finally:
-        container.remove(force=True)
-
-
 def _check_labels(client: docker.DockerClient, reference: str, expected: dict[str, str]) -> None:
     labels = client.images.get(reference).labels or {}
     wrong = [key for key, value in expected.items() if labels.get(key) != value]
@@ -547,7 +536,7 @@ def _runtime_sbom(
     kernel-builder stage, which holds that stage) and builder's wheels."""
     _ensure_kernel_builder(client, options, image_plan, context)
     report = json.loads(
-        read_file_from_image(client, image_plan.kernel_builder, sbom.REPORT_IN_IMAGE)
+        docker_client.read_file_from_image(client, image_plan.kernel_builder, sbom.REPORT_IN_IMAGE)
     )
     return sbom.build_sbom(
         image_plan.repository, image_plan.tag, report, wheels, forks, image_plan.runtime_lock.sha256
@@ -606,7 +595,7 @@ def build_image(
         )
         skipped = image_plan.exists and _same_kernels(client, image_plan, kernels_wheel)
         if skipped:
-            sbom_text = read_file_from_image(
+            sbom_text = docker_client.read_file_from_image(
                 client, image_plan.reference, sbom.PATH_IN_IMAGE
             ).decode()
             progress.info(
@@ -635,7 +624,9 @@ def build_image(
             progress.info(f"image built in {time.monotonic() - started:.0f} s")
             _check_labels(client, image_plan.reference, image_plan.labels)
     image = client.images.get(image_plan.reference)
-    inventory = json.loads(read_file_from_image(client, image_plan.reference, INVENTORY_PATH))
+    inventory = json.loads(
+        docker_client.read_file_from_image(client, image_plan.reference, INVENTORY_PATH)
+    )
     return ImageResult(
         reference=image_plan.reference,
         image_id=image.id,

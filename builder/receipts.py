@@ -21,7 +21,7 @@ from docker.errors import APIError, ImageNotFound
 
 from builder import registry, registry_api
 from builder.errors import BuilderError
-from builder.image import LABEL_PREFIX
+from builder.recipe import LABEL_PREFIX
 
 RECEIPT_IN_IMAGE = "receipt.json"
 SUBJECT_LABEL = f"{LABEL_PREFIX}receipt.subject"

@@ -16,13 +16,16 @@ from pathlib import Path
 import docker
 from docker.errors import APIError, ImageNotFound, NotFound
 
-from builder import launch, progress, registry
+from builder import docker_client, launch, progress, registry
 from builder.errors import BuilderError
 from builder.identity import builder_identity
 from builder.patches import ForkResult
 from builder.target import Fork, Target
 from builder.urls import redact
 from builder.wheels import BuiltWheel, patched_lines
+
+# Every label builder puts on an image starts with this.
+LABEL_PREFIX = "io.builder."
 
 RECIPE_PATH = "/opt/builder/recipe.json"
 SCHEMA_VERSION = 1
@@ -93,15 +96,13 @@ def launch_facts(target: Target) -> dict:
 
 def built_by_builder(image) -> bool:
     """Whether a Docker image carries builder's labels (and so its recipe)."""
-    from builder.image import LABEL_PREFIX
-
     return any(key.startswith(LABEL_PREFIX) for key in image.labels or {})
 
 
 def launch_recipe(reference: str) -> dict:
     """An image's target and launch profiles: from the local image when the engine has it,
     else from its registry's image config (no pull, no daemon needed), else pulled."""
-    from builder import docker_client, registry_api
+    from builder import registry_api
     from builder.errors import Unreachable
 
     try:
@@ -154,11 +155,9 @@ def _ensure_image(client: docker.DockerClient, reference: str) -> None:
 
 def from_image(client: docker.DockerClient, reference: str) -> dict:
     """The recipe inside `reference`, pulling the image first when it is not here."""
-    from builder.image import read_file_from_image
-
     _ensure_image(client, reference)
     try:
-        data = read_file_from_image(client, reference, RECIPE_PATH)
+        data = docker_client.read_file_from_image(client, reference, RECIPE_PATH)
     except (NotFound, APIError):
         raise BuilderError(
             f"--image {reference}: holds no {RECIPE_PATH} (not built by this builder version)"

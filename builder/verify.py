@@ -19,7 +19,7 @@ from packaging.utils import canonicalize_name
 from builder import lock
 from builder import recipe as image_recipe
 from builder.errors import BuilderError
-from builder.image import LABEL_PREFIX
+from builder.recipe import LABEL_PREFIX
 
 _SCRIPT = Path(__file__).with_name("image_check.py")
 _IN_CONTAINER = "/tmp/builder-image-check.py"

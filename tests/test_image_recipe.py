@@ -39,7 +39,7 @@ def bare_builder(folder: Path, docker_host: str, *args: str, check: bool = True)
 
 
 def test_the_recipe_in_the_image_agrees_with_the_manifest(built_image, docker_client) -> None:
-    from builder.image import read_file_from_image
+    from builder.docker_client import read_file_from_image
     from builder.recipe import RECIPE_PATH
 
     _, image, manifest_path = built_image

@@ -15,7 +15,7 @@ from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 from packaging.utils import canonicalize_name
 
-from builder.image import read_file_from_image
+from builder.docker_client import read_file_from_image
 from builder.lock import parse
 from tests.conftest import (
     REPO_ROOT,
