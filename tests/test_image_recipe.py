@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from docker.errors import ImageNotFound
+from docker.errors import ImageNotFound, NotFound
 
 from tests.conftest import REGISTRY_PASSWORD
 from tests.test_image import REGISTRY_ENV, image_args
@@ -24,11 +24,15 @@ from tests.test_image import REGISTRY_ENV, image_args
 pytestmark = pytest.mark.docker
 
 
-def bare_builder(folder: Path, docker_host: str, *args: str, check: bool = True):
+def bare_builder(
+    folder: Path, docker_host: str, *args: str, check: bool = True, path: str | None = None
+):
     """`builder` as the VM operator runs it: no checkout, no data directory, no manifests."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("BUILDER_DATA")}
     env.update(DOCKER_HOST=docker_host, BUILDER_CONFIG="/nonexistent", COLUMNS="200")
     env.update(REGISTRY_ENV)
+    if path:
+        env["PATH"] = f"{path}:{env['PATH']}"
     result = subprocess.run(
         [sys.executable, "-m", "builder.cli", *args],
         capture_output=True, text=True, cwd=folder, env=env,
@@ -517,3 +521,60 @@ def test_qualify_through_the_images_recipe_and_its_receipt_beside_the_image(
         assert "NOT qualified" not in refused.stderr
     finally:
         docker_client.containers.get(name).remove(force=True)
+
+
+# No GPU and no NVIDIA container runtime here: this stands in for them in front of the real
+# docker CLI. It drops what only they can serve (--gpus all; this sandbox also refuses an
+# unlimited memlock), puts the server on the host network and gives the stand-in its answers.
+_DOCKER_WITHOUT_GPUS = """#!/usr/bin/env python3
+import json, os, sys
+args = sys.argv[1:]
+if args[:1] == ["run"]:
+    for flag, value in (("--gpus", "all"), ("--ulimit", "memlock=-1")):
+        at = next(i for i in range(len(args) - 1) if args[i : i + 2] == [flag, value])
+        del args[at : at + 2]
+    args[1:1] = ["--network", "host", "-e", "SERVER_INFO=" + os.environ["STANDIN_INFO"]]
+os.execv(os.environ["REAL_DOCKER"], ["docker", *args])
+"""
+
+
+def test_qualify_start_launches_the_recipe_qualifies_and_removes_the_server(
+    standin_image, docker_client, docker_host, tmp_path, monkeypatch
+) -> None:
+    """`qualify --start`: the image's own launch recipe started with launch's docker run,
+    watched through its labels, qualified, then stopped and removed."""
+    import shutil
+
+    from tests.services import free_port
+    from tests.test_readiness import GOOD_INFO
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(_DOCKER_WITHOUT_GPUS)
+    (bin_dir / "docker").chmod(0o755)
+    monkeypatch.setenv("REAL_DOCKER", shutil.which("docker"))
+    monkeypatch.setenv("STANDIN_INFO", json.dumps(GOOD_INFO))
+    port, name, out = free_port(), f"qualify-start-{free_port()}", tmp_path / "qualify"
+    result = bare_builder(
+        tmp_path, docker_host, "qualify", "--start", "--image", standin_image,
+        "--port", str(port), "--name", name, "--hf-cache", str(tmp_path / "hf"),
+        "--no-throughput", "--needles", "4096", "--out", str(out),
+        check=False, path=str(bin_dir),
+    )  # fmt: skip
+    receipt = json.loads((out / "receipt.json").read_text())
+    assert f"started {name} from {standin_image}" in result.stderr
+    assert receipt["server"]["container"] == name
+    assert receipt["server"]["url"] == f"http://127.0.0.1:{port}"
+    recipe = json.loads(
+        bare_builder(
+            tmp_path, docker_host, "launch", "--image", standin_image, "--port", str(port),
+            "--name", name, "--hf-cache", str(tmp_path / "hf"), "--json",
+        ).stdout
+    )  # fmt: skip
+    assert receipt["server"]["profile"] == recipe["profile"]
+    assert receipt["server"]["command"][-len(recipe["args"]) :] == recipe["args"]
+    # As in the test above: the test image's reduced runtime fails its own verify.
+    assert result.returncode == 8 and receipt["result"]["failed_at"] == "verify", result.stderr
+    assert f"stopped and removed {name}" in result.stderr
+    with pytest.raises(NotFound):
+        docker_client.containers.get(name)

@@ -36,7 +36,12 @@ from builder.commands.common import (
     add_output_options,
     add_project_options,
 )
-from builder.commands.serve import read_api_key
+from builder.commands.serve import (
+    add_launch_options,
+    read_api_key,
+    recipe_from_args,
+    start_server,
+)
 from builder.errors import EXIT_CODES, BuilderError
 from builder.identity import builder_identity
 from builder.settings import resolve_data_dir
@@ -190,9 +195,14 @@ def cmd_qualify(args: argparse.Namespace) -> None:
     if args.compare:
         _compare(args)
         return
-    if not args.url:
-        raise BuilderError("qualify: give the server URL (http://HOST:PORT), or --compare A B")
-    url = validate.server_url("qualify URL", args.url)
+    if args.start and (args.url or args.container):
+        raise BuilderError("qualify --start starts the server itself: give no URL or --container")
+    if not args.url and not args.start:
+        raise BuilderError(
+            "qualify: give the server URL (http://HOST:PORT), --start to launch one, "
+            "or --compare A B"
+        )
+    url = validate.server_url("qualify URL", args.url) if args.url else ""
     concurrency = _numbers("--concurrency", args.concurrency)
     needles = _numbers("--needles", args.needles)
     args.deadline = validate.minutes("--deadline", args.deadline)
@@ -210,7 +220,35 @@ def cmd_qualify(args: argparse.Namespace) -> None:
             raise BuilderError(f"--set {item}: expected KEY=VALUE")
     out = validate.writable_dir("--out", args.out)
     api_key = read_api_key(args.api_key_file) if args.api_key_file else None
+    if not args.start:
+        _qualify(args, url, api_key, concurrency, needles, out)
+        return
+    recipe, _ = recipe_from_args(args)  # every input checked before a server starts
+    start_server(recipe)
+    progress.info(f"started {recipe.container_name} from {recipe.image}; qualifying it")
+    args.container, args.image, args.profile = recipe.container_name, None, recipe.profile
+    try:
+        _qualify(args, recipe.url, api_key, concurrency, needles, out)
+    finally:
+        if args.keep_server:
+            progress.info(f"{recipe.container_name} keeps running (--keep-server)")
+        else:
+            _stop_server(recipe.container_name)
 
+
+def _stop_server(name: str) -> None:
+    """Gracefully, as an operator would: SIGTERM, a minute to exit, then removed."""
+    try:
+        container = docker_client.connect().containers.get(name)
+        container.stop(timeout=60)
+        container.remove()
+    except (NotFound, APIError) as exc:
+        progress.warn(f"could not stop and remove {name}: {exc}; `docker rm -f {name}`")
+        return
+    progress.info(f"stopped and removed {name} (--keep-server keeps it)")
+
+
+def _qualify(args, url: str, api_key, concurrency, needles, out: Path) -> None:
     client = docker_client.connect() if (args.container or args.image) else None
     container = None
     if args.container:
@@ -550,7 +588,8 @@ def register(sub) -> None:
         help="prove a running server right and fast on this machine's GPUs; write a receipt",
         description="""\
 Run against a server (URL; --container to watch it, --api-key-file if it wants a key),
-in order, stopping at the first hard failure with one line that names it:
+or one it starts itself from an image's launch recipe (--start; stopped afterwards), in
+order, stopping at the first hard failure with one line that names it:
   verify      the image's own checks (with --image, or a --container of a builder image)
   startup     ready (the --profile's backends), then every JIT compile the start cost,
               per cache: FlashInfer, DeepGEMM, sglang's JIT, Triton (0 expected)
@@ -566,14 +605,26 @@ Exit codes: 0 qualified, 1 bad input, 8 a check failed (the receipt says which),
 
 examples:
   builder qualify http://127.0.0.1:30000 --container sglang-glm5 --profile glm5-nvfp4-tp8
+  builder qualify --start --image REGISTRY/sglang-sm120@sha256:... --profile glm5-nvfp4-tp8-pcie-ar
   builder qualify --compare default/receipt.json pcie-ar/receipt.json""",
         epilog=EPILOG,
         formatter_class=HelpFormatter,
     )
     command.add_argument("url", nargs="?", help="server root, e.g. http://127.0.0.1:30000")
     command.add_argument("--container", help="the server's container: crashes, JIT compiles")
+    command.add_argument(
+        "--start", action="store_true",
+        help="start the server itself, as `launch --run` does (--image or the latest manifest, "
+        "--profile, --set, --model, --port ...), qualify it, then stop and remove it",
+    )  # fmt: skip
+    command.add_argument(
+        "--keep-server", action="store_true", help="with --start: leave the server running"
+    )
     command.add_argument("--api-key-file", metavar="FILE", help="file holding the server's key")
-    command.add_argument("--image", metavar="REF", help="the server's image: verify it first")
+    command.add_argument(
+        "--image", metavar="REF",
+        help="the server's image: verify it first (with --start: the image to start)",
+    )  # fmt: skip
     command.add_argument(
         "--profile", help="the launch profile it runs: its backends are checked at start-up"
     )
@@ -625,6 +676,7 @@ examples:
     command.add_argument(
         "--compare", nargs="+", metavar="RECEIPT", help="print receipts side by side and stop"
     )
+    add_launch_options(command, skip=("--profile", "--image", "--set", "--api-key-file"))
     add_project_options(command)
     add_output_options(command)
     command.set_defaults(func=cmd_qualify)

@@ -59,7 +59,7 @@ def _key_values(flag: str, items: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def _recipe(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
+def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
     """The resolved launch recipe and where it came from (an image's recipe or a manifest)."""
     launch.bind_address(args.bind)  # before looking for a manifest
     if args.image and args.manifest:
@@ -141,10 +141,18 @@ def read_api_key(path: str) -> str:
 
 
 def cmd_launch(args: argparse.Namespace) -> None:
-    recipe, source = _recipe(args)
+    recipe, source = recipe_from_args(args)
     if not args.run:
         emit(args, {**recipe.to_json(), "recipe_from": source}, [recipe.shell()])
         return
+    start_server(recipe)
+    progress.info(f"started {recipe.container_name}; waiting for it to be ready")
+    _wait(args, recipe.url, recipe.container_name, recipe.expect, recipe.ready_deadline_minutes)
+
+
+def start_server(recipe: launch.Recipe) -> None:
+    """`docker run` the very command `launch` prints, so what runs is what the manifest
+    records. Only $HOME is expanded, as the VM's shell does for the printed line."""
     client = docker_client.connect()
     try:
         client.containers.get(recipe.container_name)
@@ -156,8 +164,6 @@ def cmd_launch(args: argparse.Namespace) -> None:
             f"`docker stop {recipe.container_name} && docker rm {recipe.container_name}`, "
             "or pass --name"
         )
-    # The very command `launch` prints, so what runs is what the manifest records.
-    # Only $HOME, as the VM's shell does for the printed line: nothing else is expanded.
     home = os.path.expanduser("~")
     command = [part.replace(launch.HOME, home) for part in recipe.docker_run()]
     try:  # a first run pulls the image: minutes for a server image
@@ -165,9 +171,8 @@ def cmd_launch(args: argparse.Namespace) -> None:
     except subprocess.TimeoutExpired:
         raise BuilderError("docker run: no answer within an hour (pulling the image?)") from None
     if started.returncode:
-        raise BuilderError(f"docker run failed: {started.stderr.strip().splitlines()[-1]}")
-    progress.info(f"started {recipe.container_name}; waiting for it to be ready")
-    _wait(args, recipe.url, recipe.container_name, recipe.expect, recipe.ready_deadline_minutes)
+        lines = started.stderr.strip().splitlines() or ["no message"]
+        raise BuilderError(f"docker run failed: {lines[-1]}")
 
 
 def cmd_deploy_files(args: argparse.Namespace) -> None:
@@ -176,7 +181,7 @@ def cmd_deploy_files(args: argparse.Namespace) -> None:
         root = validate.writable_dir("--root", args.root)
     else:
         out = validate.writable_dir("--out", args.out).resolve()
-    recipe, source = _recipe(args)
+    recipe, source = recipe_from_args(args)
     if args.install:
         service_dir = f"{INSTALL_DIR}/{recipe.profile}"
         out = validate.writable_dir("--root", str(root / service_dir.lstrip("/")))
@@ -461,58 +466,66 @@ def _tp_size(args: tuple[str, ...]) -> int:
     return 1
 
 
-def register(sub) -> None:
-    def launch_options(command: argparse.ArgumentParser) -> None:
-        command.add_argument("--profile", help="launch profile (default: the target's default)")
-        command.add_argument(
-            "--image",
-            metavar="REF",
-            help="take the image and its launch profiles from this image alone (pulled if "
-            "absent; no checkout or manifest needed)",
-        )
-        command.add_argument("--manifest", help="manifest to take the image from (default: latest)")
-        command.add_argument("--manifest-dir", metavar="DIR", help="where manifests are")
-        command.add_argument("--model", help="HF model id, or a local weights directory to mount")
-        command.add_argument("--port", type=int, help="server port (default: the profile's)")
-        command.add_argument(
-            "--set",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="override a profile param, e.g. --set kv_cache_dtype=bf16",
-        )
-        command.add_argument(
-            "--extra-arg",
-            action="append",
-            default=[],
-            metavar="ARG",
-            help="append an argument to the sglang command line (repeatable); write one that "
-            "starts with -- as --extra-arg=--log-level=debug. A flag the profile already "
-            "passes is refused: change it with --set (what wait-ready checks)",
-        )
-        command.add_argument(
-            "--hf-cache",
-            default=launch.HF_CACHE_DEFAULT,
-            metavar="DIR",
-            help="host directory for the Hugging Face cache, an absolute path a system "
-            f"service can reach (default: {launch.HF_CACHE_DEFAULT})",
-        )
-        command.add_argument("--name", help="container name (default: the profile's)")
-        command.add_argument(
-            "--api-key-file",
-            metavar="FILE",
-            help="require this API key (the file's first line) from clients: the file is "
-            "mounted read-only and the image hands the key to sglang, so it never appears on a "
-            "command line, in the environment, a log or a generated file (chmod 600 it)",
-        )
-        command.add_argument(
-            "--bind",
-            default="127.0.0.1",
-            metavar="ADDR",
-            help="host address the server port is published on (default: 127.0.0.1, this "
-            "machine only; 0.0.0.0 opens it to the network: put an API key in front)",
-        )
+def add_launch_options(command: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """The options that make a launch recipe (launch, deploy-files, qualify --start); `skip`
+    names those the command defines itself."""
 
+    def option(flag: str, **kwargs) -> None:
+        if flag not in skip:
+            command.add_argument(flag, **kwargs)
+
+    option("--profile", help="launch profile (default: the target's default)")
+    option(
+        "--image",
+        metavar="REF",
+        help="take the image and its launch profiles from this image alone (pulled if "
+        "absent; no checkout or manifest needed)",
+    )
+    option("--manifest", help="manifest to take the image from (default: latest)")
+    option("--manifest-dir", metavar="DIR", help="where manifests are")
+    option("--model", help="HF model id, or a local weights directory to mount")
+    option("--port", type=int, help="server port (default: the profile's)")
+    option(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a profile param, e.g. --set kv_cache_dtype=bf16",
+    )
+    option(
+        "--extra-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="append an argument to the sglang command line (repeatable); write one that "
+        "starts with -- as --extra-arg=--log-level=debug. A flag the profile already "
+        "passes is refused: change it with --set (what wait-ready checks)",
+    )
+    option(
+        "--hf-cache",
+        default=launch.HF_CACHE_DEFAULT,
+        metavar="DIR",
+        help="host directory for the Hugging Face cache, an absolute path a system "
+        f"service can reach (default: {launch.HF_CACHE_DEFAULT})",
+    )
+    option("--name", help="container name (default: the profile's)")
+    option(
+        "--api-key-file",
+        metavar="FILE",
+        help="require this API key (the file's first line) from clients: the file is "
+        "mounted read-only and the image hands the key to sglang, so it never appears on a "
+        "command line, in the environment, a log or a generated file (chmod 600 it)",
+    )
+    option(
+        "--bind",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="host address the server port is published on (default: 127.0.0.1, this "
+        "machine only; 0.0.0.0 opens it to the network: put an API key in front)",
+    )
+
+
+def register(sub) -> None:
     launch_cmd = add_command(
         sub,
         "launch",
@@ -528,7 +541,7 @@ def register(sub) -> None:
         "  builder launch --profile glm5-nvfp4-tp8-fusion   # experimental, prints a warning",
         uses=(PROJECT,),
     )
-    launch_options(launch_cmd)
+    add_launch_options(launch_cmd)
     launch_cmd.add_argument("--run", action="store_true", help="start it here and wait-ready")
     launch_cmd.add_argument("--poll", type=float, default=5.0, help=argparse.SUPPRESS)
     launch_cmd.set_defaults(stall_minutes=STALL_MINUTES)
@@ -544,7 +557,7 @@ def register(sub) -> None:
         "example: builder deploy-files --target sm120 --out deploy/",
         uses=(PROJECT,),
     )
-    launch_options(deploy)
+    add_launch_options(deploy)
     deploy.add_argument("--out", default="deploy", help="output directory (default: ./deploy)")
     deploy.add_argument(
         "--install",
