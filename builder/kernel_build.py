@@ -1,11 +1,12 @@
 """Stage 4a: the FlashInfer kernels, each compiled once, as a kernel wheel.
 
 The Dockerfile's `kernel-builder` stage (runtime + the patched flashinfer wheel + the
-warm-up script) is built first. In a container of it the warm-up names each module's
-lookup key (`--plan`); builder brings the entries it has for those keys (local cache, then
-the shared registry) and packs from `builder jit harvest`, and a second run reuses every
-entry whose inputs are unchanged and compiles the rest. New entries go back to the cache
-and the registry; every module's .so goes into the kernel wheel, which the image installs.
+warm-up script) is built first. In one container of it the warm-up (with the packs from
+`builder jit harvest`) names each module's lookup key and waits; builder brings the entries
+it has for those keys (local cache, then the shared registry, pulled side by side) into
+that container, and the warm-up reuses every entry whose inputs are unchanged and compiles
+the rest. New entries go back to the cache and the registry; every module's .so goes into
+the kernel wheel, which the image installs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from builder.wheels import BuiltWheel
 WARMUP = "/opt/builder/jit_warmup.py"
 _IN, _OUT = "/kernels-in", "/kernels-out"
 _TAIL_LINES = 30
+_LOOKUPS = "jit-warmup: lookups "
 _RUN_FIELDS = ("name", "lookup", "key", "source", "reason", "compile_seconds")
 
 
@@ -55,14 +58,18 @@ def run_warmup(
     extra: list[str],
     inputs: dict[str, Path],
     into: Path,
+    bring: Callable[[list[str]], Path] | None = None,
 ) -> Path:
     """Run the warm-up in a fresh container with `inputs` under /kernels-in; return the
     folder under `into` with what it wrote to /kernels-out (inventory.json, modules/,
-    entries/)."""
+    entries/). With `bring`, the warm-up waits after naming each module's lookup key:
+    `bring(lookups)` fills a folder with their entries, which goes into the same running
+    container as /kernels-in/entries (one container start, not one to ask and one to build).
+    """
     command = [
         WARMUP, "--modules", json.dumps(list(job.modules)), "--jobs", str(job.jobs),
         "--job-memory-gb", str(job.job_memory_gb), "--inventory", f"{_OUT}/inventory.json",
-        *extra,
+        *extra, *(["--entries", f"{_IN}/entries", "--await-entries"] if bring else []),
     ]  # fmt: skip
     container = client.containers.create(
         job.builder_image,
@@ -75,11 +82,18 @@ def run_warmup(
         if inputs:
             container.put_archive("/", _tar_of(inputs))
         container.start()
+        pending = ""
         for raw in container.logs(stream=True, follow=True):
-            for line in raw.decode(errors="replace").splitlines():
+            pending += raw.decode(errors="replace")
+            *lines, pending = pending.split("\n")
+            for line in lines:
                 recent = [*recent[-_TAIL_LINES:], line]
-                if line.startswith("jit-warmup:"):
+                if bring and line.startswith(_LOOKUPS):
+                    entries = bring(json.loads(line.removeprefix(_LOOKUPS)))
+                    container.put_archive("/", _entries_then_ready(entries))
+                elif line.startswith("jit-warmup:"):
                     progress.info(f"  {line}")
+        recent = [*recent, pending] if pending else recent
         status = container.wait()
         if status.get("StatusCode"):
             errors = [line for line in recent if "jit-warmup: error" in line]
@@ -95,31 +109,33 @@ def run_warmup(
         container.remove(force=True)
 
 
-def _entries_and_packs(entries: Path, packs: tuple[Path, ...]) -> dict[str, Path]:
-    inputs = {f"{_IN.strip('/')}/entries": entries}
-    for pack in packs:
-        inputs[f"{_IN.strip('/')}/packs/{pack.name}"] = pack
-    return inputs
+def _entries_then_ready(entries: Path) -> bytes:
+    """The entries, then the marker the warm-up waits for: a tar unpacks in order."""
+    buffer = io.BytesIO()
+    folder = f"{_IN.strip('/')}/entries"
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(entries, arcname=folder)
+        tar.addfile(tarfile.TarInfo(f"{folder}/.ready"), io.BytesIO(b""))
+    return buffer.getvalue()
 
 
-def _lookups(client: docker.DockerClient, job: KernelJob, work: Path) -> list[str]:
-    """Each module's lookup key, as the warm-up computes it from flashinfer's generators."""
-    keys = run_warmup(client, job, ["--plan"], {}, work)
-    return [m["lookup"] for m in json.loads((keys / "inventory.json").read_text())["plan"]]
+def _packs(packs: tuple[Path, ...]) -> dict[str, Path]:
+    return {f"{_IN.strip('/')}/packs/{pack.name}": pack for pack in packs}
 
 
 def plan(
     client: docker.DockerClient, job: KernelJob, cache_dir: Path, shared: kernel_cache.SharedKernels
 ) -> list[dict]:
     """Per module: its lookup key, where its entry is, and reuse or compile with why."""
+    where: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="builder-kernels-") as tmp:
         work = Path(tmp)
-        lookups = _lookups(client, job, work)
-        where = kernel_cache.gather(lookups, cache_dir, shared, work / "entries")
-        decided = run_warmup(
-            client, job, ["--plan", "--entries", f"{_IN}/entries"],
-            {f"{_IN.strip('/')}/entries": work / "entries"}, work,
-        )  # fmt: skip
+
+        def bring(lookups: list[str]) -> Path:
+            where.update(kernel_cache.gather(lookups, cache_dir, shared, work / "entries"))
+            return work / "entries"
+
+        decided = run_warmup(client, job, ["--plan"], {}, work, bring)
         modules = json.loads((decided / "inventory.json").read_text())["plan"]
     for module in modules:
         module["entry"] = where[module["lookup"]]
@@ -140,19 +156,21 @@ def build(
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="builder-kernels-") as tmp:
         work = Path(tmp)
-        with progress.task("kernels: look up each module's key", announce=False):
-            lookups = _lookups(client, job, work)
-        where = kernel_cache.gather(lookups, cache_dir, shared, work / "entries")
-        found = sum(1 for source in where.values() if source != "none")
-        progress.info(
-            f"kernels: {found} of {len(lookups)} modules have an entry "
-            f"({sum(1 for s in where.values() if s == 'registry')} from the registry)"
-        )
+        where: dict[str, str] = {}
+
+        def bring(lookups: list[str]) -> Path:
+            where.update(kernel_cache.gather(lookups, cache_dir, shared, work / "entries"))
+            found = sum(1 for source in where.values() if source != "none")
+            progress.info(
+                f"kernels: {found} of {len(lookups)} modules have an entry "
+                f"({sum(1 for s in where.values() if s == 'registry')} from the registry)"
+            )
+            return work / "entries"
+
+        progress.info("kernels: look up each module's key")
         out = run_warmup(
-            client, job,
-            ["--entries", f"{_IN}/entries", "--packs", f"{_IN}/packs", "--out", _OUT],
-            _entries_and_packs(work / "entries", job.packs), work,
-        )  # fmt: skip
+            client, job, ["--packs", f"{_IN}/packs", "--out", _OUT], _packs(job.packs), work, bring
+        )
         inventory = json.loads((out / "inventory.json").read_text())
         new_entries = sorted((out / "entries").glob(f"*{kernel_cache.ENTRY_SUFFIX}"))
         kernel_cache.keep(new_entries, cache_dir, shared)

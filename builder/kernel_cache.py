@@ -20,6 +20,8 @@ import json
 import shutil
 import tarfile
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import docker
@@ -58,6 +60,7 @@ class SharedKernels:
         self.client = client
         self.repository = repository
         self.down = False
+        self._warned_once = threading.Lock()
         self.trusted = kernel_trust.trusted_keys() if repository else []
         self.signer = kernel_trust.signing_key() if repository else None
         if repository and not self.trusted:
@@ -73,12 +76,15 @@ class SharedKernels:
             )
 
     def _unreachable(self, error: Exception | str) -> None:
+        with self._warned_once:
+            if self.down:  # another pull running beside this one has said it
+                return
+            self.down = True
         text = str(getattr(error, "explanation", None) or error).strip().splitlines()
         progress.warn(
             f"kernel registry {redact(self.repository or '')} unreachable "
             f"({text[0] if text else 'no answer'}): building with local kernels only"
         )
-        self.down = True
 
     def fetch(self, lookup: str, into: Path) -> Path | None:
         """The registry's entry for `lookup`, written into `into`; None when it has none."""
@@ -161,17 +167,23 @@ def gather(
     lookups: list[str], cache_dir: Path, shared: SharedKernels, into: Path
 ) -> dict[str, str]:
     """Put the entry of each lookup key into `into`, from the local cache or else the
-    registry (then kept locally too); {lookup: "local" | "registry" | "none"}."""
+    registry (then kept locally too); {lookup: "local" | "registry" | "none"}. Registry
+    pulls run side by side: each is a small image, so a pull is mostly waiting."""
     into.mkdir(parents=True, exist_ok=True)
     found = {}
     for lookup in lookups:
         local = sorted(local_dir(cache_dir).glob(f"{lookup}.*{ENTRY_SUFFIX}"))
         for path in local:
             shutil.copyfile(path, into / path.name)
-        fetched = None if local else shared.fetch(lookup, into)
-        if fetched:
-            atomic_copy(fetched, local_dir(cache_dir) / fetched.name)
-        found[lookup] = "local" if local else "registry" if fetched else "none"
+        found[lookup] = "local" if local else "none"
+    missing = [lookup for lookup, where in found.items() if where == "none"]
+    if missing:
+        with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
+            fetched = list(pool.map(lambda lookup: shared.fetch(lookup, into), missing))
+        for lookup, entry in zip(missing, fetched, strict=True):
+            if entry:
+                atomic_copy(entry, local_dir(cache_dir) / entry.name)
+                found[lookup] = "registry"
     return found
 
 

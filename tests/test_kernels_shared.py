@@ -17,6 +17,7 @@ import json
 import os
 import tarfile
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
@@ -141,9 +142,18 @@ def test_a_fresh_host_takes_every_kernel_from_the_registry(
         client_b = docker.DockerClient(base_url=engine.host, timeout=900)
         base_b = build_test_base(client_b, tmp_path_factory.mktemp("host-b-base"))
         builder = builder_in(tmp_path_factory.mktemp("host-b"), github, engine.host)
+        since = int(time.time())
         result = builder.run(
             *kernel_args(base_b, runtime_index, "--kernel-registry", shared), env=REGISTRY_ENV
         )
+        kernel_step_starts = [
+            event
+            for event in client_b.events(
+                since=since, until=int(time.time()) + 1, decode=True,
+                filters={"type": "container", "event": "start"},
+            )
+            if ":kernel-builder-" in event["Actor"]["Attributes"].get("image", "")
+        ]  # fmt: skip
         second = json.loads(result.stdout)
         installed_b = pip_freeze(client_b, second["image"]["reference"])
     finally:
@@ -155,6 +165,7 @@ def test_a_fresh_host_takes_every_kernel_from_the_registry(
     assert {m["source"] for m in modules.values()} == {"reused"}
     assert "2 of 2 modules have an entry (2 from the registry)" in result.stderr
     assert "0 to compile" in result.stderr, "no nvcc call on the fresh host"
+    assert len(kernel_step_starts) == 1, "nothing compiles: the kernel step is one container"
     # Same kernels, same wheel bytes: the kernel wheel is reproducible across hosts.
     wheel_a, wheel_b = first["image"]["kernel_wheel"], second["image"]["kernel_wheel"]
     assert wheel_a == wheel_b
@@ -224,20 +235,22 @@ def test_a_tampered_entry_is_refused_and_compiled_again(host_a, test_base, runti
 def test_an_unreachable_registry_is_one_line_and_a_local_build(
     tmp_path, github: Upstreams, docker_host, test_base, runtime_index
 ) -> None:
+    """Both modules ask the registry side by side: still one line. The plan shows the
+    decision a build acts on (compiling both here would prove nothing more)."""
     builder = builder_in(tmp_path, github, docker_host)
     result = builder.run(
         *kernel_args(
-            test_base, runtime_index, "--kernel-registry", "127.0.0.1:9/kernels",
-            modules="flashinfer.jit.comm:gen_vllm_comm_module",
+            test_base, runtime_index, "--kernel-registry", "127.0.0.1:9/kernels", "--plan"
         ),
         env=KERNEL_TRUST_ENV,
-    )  # fmt: skip
+    )
     lines = [line for line in result.stderr.splitlines() if "127.0.0.1:9" in line]
     assert len(lines) == 1, result.stderr
     assert "kernel registry 127.0.0.1:9/kernels unreachable" in lines[0]
     assert "building with local kernels only" in lines[0]
-    (module,) = json.loads(result.stdout)["image"]["kernel_build"]["modules"]
-    assert module["source"] == "compiled"
+    planned = json.loads(result.stdout)["kernels"]
+    assert {m["name"] for m in planned} == {"norm", "vllm_comm"}
+    assert all(m["reason"].startswith("compile:") and m["entry"] == "none" for m in planned)
 
 
 def test_a_forged_registry_entry_is_not_used_and_the_module_compiles(
@@ -271,13 +284,18 @@ def test_a_forged_registry_entry_is_not_used_and_the_module_compiles(
     assert modules["vllm_comm"]["source"] == "reused"
     assert "2 of 2 modules" not in result.stderr and "(1 from the registry)" in result.stderr
 
+    # Its plan is enough here: the build acts on the same decisions (the first host above
+    # compiled what its plan said), and compiling both modules again would prove nothing more.
     untrusting = builder_in(tmp_path / "host-d", github, docker_host)
     env = {k: v for k, v in REGISTRY_ENV.items() if k != kernel_trust.TRUSTED_KEYS_ENV}
     result = untrusting.run(
-        *kernel_args(test_base, runtime_index, "--kernel-registry", shared), env=env
+        *kernel_args(test_base, runtime_index, "--kernel-registry", shared, "--plan"), env=env
     )
     assert f"kernel registry {shared} not used: no trusted signing keys" in result.stderr
-    assert {m["source"] for m in this_run(json.loads(result.stdout)).values()} == {"compiled"}
+    planned = {m["name"]: m for m in json.loads(result.stdout)["kernels"]}
+    assert set(planned) == {"norm", "vllm_comm"}
+    assert all(m["reason"].startswith("compile:") for m in planned.values()), planned
+    assert {m["entry"] for m in planned.values()} == {"none"}, "no registry entry was taken"
 
 
 def test_a_plain_venv_loads_the_kernels_from_the_index_without_compiling(

@@ -19,6 +19,9 @@ module's .so and an entry for each newly compiled module go there too.
 
 --plan only decides (reuse or compile, and why). --check runs where the kernel wheel is
 installed: every module must load from FlashInfer's AOT folder, byte for byte as built.
+--await-entries prints each module's lookup key (`jit-warmup: lookups [...]`) and waits for
+`<entries>/.ready` before deciding: builder then brings the entries for those keys into
+this same container, so a build that compiles nothing costs one container start.
 """
 
 from __future__ import annotations
@@ -524,6 +527,14 @@ def check_installed(names: list[str], wanted: list[str], inventory: Path) -> Non
     print(f"jit-warmup: {len(names)} modules load from {aot} without compiling", flush=True)
 
 
+def await_ready(marker: Path, timeout: float = 1800) -> None:
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        if time.monotonic() > deadline:
+            fail(f"no entries arrived within {timeout:.0f} s ({marker} never appeared)")
+        time.sleep(0.1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -539,6 +550,10 @@ def main() -> None:
     )
     parser.add_argument("--entries", type=Path, help="folder of entries from earlier builds")
     parser.add_argument("--out", type=Path, help="write each .so and the new entries here")
+    parser.add_argument(
+        "--await-entries", action="store_true",
+        help="print the lookup keys, then wait for <entries>/.ready before deciding",
+    )  # fmt: skip
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--plan", action="store_true", help="decide reuse or compile, only")
     mode.add_argument("--check", action="store_true", help="check the installed kernel wheel")
@@ -559,6 +574,8 @@ def main() -> None:
         return
     if args.entries and not (args.out or args.plan):
         fail("--entries needs --out: a reused module's .so is written there")
+    if args.await_entries and not args.entries:
+        fail("--await-entries needs --entries: the folder the entries are put into")
 
     jobs, why = job_budget(args.jobs, args.job_memory_gb)
     compiler = nvcc_version()
@@ -567,6 +584,9 @@ def main() -> None:
     baked = bake_packs(args.packs) if args.packs and args.packs.is_dir() else {}
     specs = {name: load_spec(name) for name in names}
     lookups = {name: lookup_key(spec, compiler, arch_list) for name, spec in specs.items()}
+    if args.await_entries:
+        print(f"jit-warmup: lookups {json.dumps(list(lookups.values()))}", flush=True)
+        await_ready(args.entries / ".ready")
     decisions = {name: decide(spec, lookups[name], args.entries) for name, spec in specs.items()}
     args.inventory.parent.mkdir(parents=True, exist_ok=True)
     if args.plan:
