@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -32,16 +31,45 @@ sys.path.insert(0, str(REPO))
 import docker  # noqa: E402
 
 from builder import image  # noqa: E402
-from builder.target import load_target  # noqa: E402
 from tests import services, upstreams  # noqa: E402
-from tests.conftest import Upstreams, make_data_dir  # noqa: E402
-from tests.test_image import WARM_MODULES  # noqa: E402
+from tests.conftest import STACK_TARGET as TARGET  # noqa: E402
+from tests.conftest import WARM_MODULES, Upstreams, make_data_dir  # noqa: E402
+
+NOOP_TAG = "builder-bench-noop:latest"  # not builder's tag: a cache miss cannot replace it
 
 
 def timed(fn) -> float:
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started
+
+
+def noop_builds(client, command: list[str], env: dict, context: Path, repeat: int) -> dict:
+    """A no-op `builder image` (`command`, inputs unchanged) against a no-op `docker build`
+    of the very context and arguments builder's last build used (`--save-context`), each
+    `repeat` times, alternating; the medians and their ratio."""
+    saved = json.loads((context / image.SAVED_BUILD).read_text())
+
+    def docker_build() -> None:
+        for chunk in client.api.build(
+            path=str(context), tag=NOOP_TAG, buildargs=saved["buildargs"],
+            labels=saved["labels"], network_mode=saved["network_mode"], decode=True, rm=True,
+        ):  # fmt: skip
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"])
+
+    def builder_noop() -> None:
+        out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
+        if json.loads(out)["image"]["skipped"] is not True:
+            raise RuntimeError("the no-op `builder image` built something")
+
+    docker_build()  # the classic builder's cache for this context holds every step already
+    builder_s, docker_s = [], []
+    for _ in range(repeat):
+        builder_s.append(timed(builder_noop))
+        docker_s.append(timed(docker_build))
+    b, d = statistics.median(builder_s), statistics.median(docker_s)
+    return {"noop_builder_s": builder_s, "noop_docker_build_s": docker_s, "noop_ratio": b / d}
 
 
 def main() -> None:
@@ -55,7 +83,6 @@ def main() -> None:
         client = docker.DockerClient(base_url=daemon.host, timeout=900)
         base = services.build_test_base(client, work)
         index, port = services.start_pypiserver(services.runtime_wheelhouse(), work / "pypi.log")
-        requirements = services.IMAGE_RUNTIME_REQUIREMENTS
         github = work / "github"
         commits = upstreams.build_all(github)
         data = make_data_dir(work / "data", Upstreams(github, commits))
@@ -65,53 +92,23 @@ def main() -> None:
             "--mirror", f"https://github.com/=file://{github}/",
             "--wheelhouse", str(work / "wheelhouse"), "--base-image", base,
             "--pip-index-url", f"http://127.0.0.1:{port}/simple/", "--pip-extra-index-url=",
-            "--runtime-requirements", str(requirements), "--network-host",
+            "--runtime-requirements", str(services.IMAGE_RUNTIME_LOCK), "--network-host",
             "--jit-modules", WARM_MODULES,
         ]  # fmt: skip
-        env = {"DOCKER_HOST": daemon.host, "PATH": "/usr/bin:/bin"}
+        env = {"DOCKER_HOST": daemon.host, "PATH": "/usr/bin:/bin", "BUILDER_TARGET": TARGET}
+        context = work / "context"
         first = json.loads(
-            subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
-        )
+            subprocess.run(
+                [*command, "--save-context", str(context)],
+                env=env, check=True, capture_output=True, text=True,
+            ).stdout
+        )  # fmt: skip
         reference = first["image"]["reference"]
         print(f"built {reference}", flush=True)
 
-        # The same context and build arguments builder used, for the plain docker build.
-        target = load_target(data, "sm120")
-        labels = client.images.get(reference).labels
-        context = work / "context"
-        context.mkdir()
-        shutil.copy(requirements, context / "requirements-runtime.txt")
-        for item in image.recipe_files(target):
-            shutil.copy(item, context / item.name)
-        for name in ("sglang", "flashinfer", "kernels"):
-            (context / "wheels" / name).mkdir(parents=True)
-            shutil.copy(
-                work / "wheelhouse" / labels[f"io.builder.{name}.wheel"], context / "wheels" / name
-            )
-        buildargs = {
-            "BASE_IMAGE": base, "PIP_INDEX_URL": f"http://127.0.0.1:{port}/simple/",
-            "PIP_EXTRA_INDEX_URL": "", "JIT_ARCH_LIST": "12.0a",
-            "JIT_MODULES": json.dumps(WARM_MODULES.split(";")),
-        }  # fmt: skip
-
-        def docker_build() -> None:
-            for chunk in client.api.build(
-                path=str(context), tag="bench-noop:latest", buildargs=buildargs, decode=True,
-                rm=True, network_mode="host",
-            ):  # fmt: skip
-                if "error" in chunk:
-                    raise RuntimeError(chunk["error"])
-
-        def builder_noop() -> None:
-            out = subprocess.run(
-                command, env=env, check=True, capture_output=True, text=True
-            ).stdout
-            assert json.loads(out)["image"]["skipped"] is True
-
-        docker_build()  # prime the classic builder's cache for this context
-        noop_builder = [timed(builder_noop) for _ in range(args.repeat)]
-        noop_docker = [timed(docker_build) for _ in range(args.repeat)]
-        b, d = statistics.median(noop_builder), statistics.median(noop_docker)
+        noop = noop_builds(client, command, env, context, args.repeat)
+        b = statistics.median(noop["noop_builder_s"])
+        d = statistics.median(noop["noop_docker_build_s"])
         print(f"no-op: builder image {b:.2f} s, docker build {d:.2f} s, ratio {b / d:.2f}")
 
         def warmup(jobs: int) -> float:
@@ -141,7 +138,7 @@ def main() -> None:
             f"({len(first['image']['jit_inventory']['modules'])} modules)"
         )
         result = {
-            "noop_builder_s": noop_builder, "noop_docker_build_s": noop_docker, "noop_ratio": b / d,
+            **noop,
             "jit_serial_s": serial, "jit_parallel_s": parallel, "jit_ratio": parallel / serial,
             "cores": cores, "image_bytes": total, "jit_layer_bytes": jit_layer,
         }  # fmt: skip

@@ -23,6 +23,7 @@ import docker
 from docker.errors import APIError, ImageNotFound, NotFound
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from rich.markup import escape
 
 from builder import (
     __version__,
@@ -586,6 +587,7 @@ def build_image(
     options: ImageOptions,
     image_plan: ImagePlan,
     cache_dir: Path,
+    save_context: Path | None = None,
 ) -> ImageResult:
     with tempfile.TemporaryDirectory(prefix="builder-context-") as tmp:
         context = Path(tmp)
@@ -623,6 +625,8 @@ def build_image(
             _stream_build(client, context, image_plan.reference, built_plan, options)
             progress.info(f"image built in {time.monotonic() - started:.0f} s")
             _check_labels(client, image_plan.reference, image_plan.labels)
+            if save_context:
+                _save_context(context, built_plan, options, save_context)
     image = client.images.get(image_plan.reference)
     inventory = json.loads(
         docker_client.read_file_from_image(client, image_plan.reference, INVENTORY_PATH)
@@ -641,6 +645,41 @@ def build_image(
         runtime_lock=image_plan.runtime_lock.record(),
         sbom=sbom_text,
     )
+
+
+SAVED_BUILD = "docker-build.json"
+
+
+def check_save_context(destination: Path) -> None:
+    """A new or empty folder, or one an earlier --save-context wrote (it is replaced)."""
+    if destination.exists() and not (
+        destination.is_dir()
+        and (not any(destination.iterdir()) or (destination / SAVED_BUILD).is_file())
+    ):
+        raise BuilderError(
+            f"--save-context {destination}: exists and is not a saved build context; "
+            "give a new or empty folder"
+        )
+
+
+def _save_context(
+    context: Path, image_plan: ImagePlan, options: ImageOptions, destination: Path
+) -> None:
+    """The exact context of the image build, and its docker build arguments beside it
+    (docker-build.json), to audit it or run the same `docker build` by hand."""
+    partial = destination.with_name(destination.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(context, partial)
+    arguments = {
+        "tag": image_plan.reference,
+        "buildargs": image_plan.buildargs,
+        "labels": image_plan.labels,
+        "network_mode": "host" if options.network_host else None,
+    }
+    (partial / SAVED_BUILD).write_text(json.dumps(arguments, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(destination, ignore_errors=True)
+    partial.rename(destination)
+    progress.info(escape(f"build context saved: {destination} (arguments: {SAVED_BUILD})"))
 
 
 def _now() -> str:

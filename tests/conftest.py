@@ -214,7 +214,8 @@ def built_image(tmp_path_factory, github: Upstreams, docker_host, test_base, run
     """One built test image for every module that reads it: (builder, image record, manifest)."""
     root = tmp_path_factory.mktemp("image")
     builder = builder_in(root, github, docker_host)
-    result = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
+    args = image_args(test_base, runtime_index, "--json", "--save-context", str(root / "context"))
+    result = json.loads(builder.run(*args).stdout)
     return builder, result["image"], Path(result["manifest"])
 
 

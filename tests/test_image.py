@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import (  # noqa: F401 (image_args and WARM_MODULES: imported from here)
     REGISTRY_PASSWORD,
     REGISTRY_USER,
+    REPO_ROOT,
     WARM_MODULES,
     Builder,
     Upstreams,
@@ -255,8 +256,6 @@ def test_docker_daemon_down_is_one_line(builder: Builder) -> None:
 def _validate(manifest: dict) -> None:
     import jsonschema
 
-    from tests.conftest import REPO_ROOT
-
     schema = json.loads((REPO_ROOT / "manifests/schema-v1.json").read_text())
     jsonschema.validate(manifest, schema, format_checker=jsonschema.FormatChecker())
 
@@ -352,3 +351,31 @@ def test_two_image_runs_at_once_on_one_cache_both_finish(built, test_base, runti
     assert results[0]["kernel_wheel"] == results[1]["kernel_wheel"]
     kernel = builder.wheelhouse / results[0]["kernel_wheel"]
     assert kernel.is_file() and not list(builder.wheelhouse.glob(".*")), "no partial left"
+
+
+def test_the_saved_context_rebuilds_the_same_image_and_the_image_bench_runs(
+    built, docker_client, test_base, runtime_index
+) -> None:
+    """`--save-context` (the suite's image was built with it) holds the exact build: a plain
+    `docker build` of it with its saved arguments is cached step for step and gives the
+    very image. That is bench/image_bench.py's no-op comparison, run here in its smallest
+    form (one round) so the benchmark the README names cannot rot."""
+    import importlib.util
+
+    builder, image, _ = built
+    context = builder.cache_dir.parent / "context"
+    assert sorted(p.name for p in (context / "wheels").iterdir()) == [
+        "flashinfer", "kernels", "sglang",
+    ]  # fmt: skip
+    spec = importlib.util.spec_from_file_location("image_bench", REPO_ROOT / "bench/image_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    command = builder.command(*image_args(test_base, runtime_index, "--json"))
+    env = {**os.environ, "BUILDER_CONFIG": "/nonexistent", **builder.env}
+    try:
+        measured = bench.noop_builds(docker_client, command, env, context, repeat=1)
+        assert docker_client.images.get(bench.NOOP_TAG).id == image["image_id"]
+    finally:
+        docker_client.images.remove(bench.NOOP_TAG)
+    assert len(measured["noop_builder_s"]) == len(measured["noop_docker_build_s"]) == 1
+    assert measured["noop_ratio"] > 0

@@ -168,6 +168,8 @@ def cmd_image(args: argparse.Namespace) -> None:
     _check_publish_args(args)
     if args.push:
         validate.repository("--push", args.push)
+    if args.save_context:
+        image.check_save_context(Path(args.save_context))
     ctx = context(args)
     target = ctx.target
     options = _image_options(args, ctx)
@@ -202,7 +204,12 @@ def cmd_image(args: argparse.Namespace) -> None:
         emit(args, result, lines)
         return
 
-    result = image.build_image(client, target, forks, wheels, options, image_plan, ctx.cache_dir)
+    save_context = Path(args.save_context).resolve() if args.save_context else None
+    result = image.build_image(
+        client, target, forks, wheels, options, image_plan, ctx.cache_dir, save_context
+    )
+    if save_context and result.skipped:
+        progress.info("--save-context: the image is up to date, nothing built to save")
     wheels = {**wheels, "kernels": _into_wheelhouse(result.kernel_wheel, _wheelhouse(args, ctx))}
     if args.push:
         result.pushed = registry.push(client, result.reference, args.push)
@@ -577,6 +584,12 @@ def register(sub) -> None:
         "--network-host",
         action="store_true",
         help="build with host networking (to reach an index or proxy on the host's loopback)",
+    )
+    image_cmd.add_argument(
+        "--save-context",
+        metavar="DIR",
+        help="also write the exact Docker build context of a build to DIR, with its build "
+        "arguments and labels in DIR/docker-build.json (to audit it, or `docker build` it by hand)",
     )
 
     lock_cmd = add_command(
