@@ -25,22 +25,14 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from rich.markup import escape
 
-from builder import (
-    __version__,
-    docker_client,
-    kernel_build,
-    kernel_cache,
-    kernels,
-    launch,
-    lock,
-    progress,
-    recipe,
-    sbom,
-)
+from builder import __version__, docker_client, launch, lock, progress, recipe, sbom
 from builder.cache import content_key, sha256_file
 from builder.cuda import sm_name
 from builder.errors import BuilderError
 from builder.identity import code_key
+from builder.kernels import build as kernel_build
+from builder.kernels import cache as kernel_cache
+from builder.kernels import packs
 from builder.lock import Lock
 from builder.patches import ForkResult
 from builder.recipe import LABEL_PREFIX
@@ -254,8 +246,8 @@ def plan(
             "pip": [options.pip_index_url, options.pip_extra_index_url],
         }
     )
-    packs = (
-        kernels.packs_for(options.kernel_packs_dir, wheels["flashinfer"].version, target.arch_list)
+    kernel_packs = (
+        packs.packs_for(options.kernel_packs_dir, wheels["flashinfer"].version, target.arch_list)
         if options.kernel_packs_dir and options.kernel_packs_dir.is_dir()
         else []
     )
@@ -265,8 +257,8 @@ def plan(
             "wheel": wheels["flashinfer"].sha256,
             "arch": target.arch_list,
             "modules": options.jit_modules,
-            "kernel_packs": [pack.name for pack in packs],  # content-named
-            "builder": code_key("kernel_build", "kernel_cache", "kernel_wheel", "wheelfiles"),
+            "kernel_packs": [pack.name for pack in kernel_packs],  # content-named
+            "builder": code_key("kernels/build", "kernels/cache", "kernels/wheel", "wheelfiles"),
         }
     )
     kernel_builder_key = content_key(
@@ -283,7 +275,7 @@ def plan(
     )
     stage_keys = {"runtime": runtime_key, "flashinfer": flashinfer_key, "server": server_key}
     builder_code = code_key(
-        "image", "recipe", "sbom", "lock", "kernel_build", "kernel_wheel", "wheelfiles"
+        "image", "recipe", "sbom", "lock", "kernels/build", "kernels/wheel", "wheelfiles"
     )
     inputs_hash = content_key({"stages": stage_keys, "builder": builder_code})
 
@@ -333,7 +325,7 @@ def plan(
         base_id=base_id,
         base_digest=base_digest,
         kernel_builder=f"{target.image.repository}:kernel-builder-{kernel_builder_key[:12]}",
-        kernel_packs=tuple(packs),
+        kernel_packs=tuple(kernel_packs),
     )
 
 

@@ -1,6 +1,6 @@
 """Kernels a server compiled at start-up outside FlashInfer: DeepGEMM, sglang's own JIT, Triton.
 
-FlashInfer's modules are found by `kernels.compiled_in_container` (the image's workspace
+FlashInfer's modules are found by `kernels.packs.compiled_in_container` (the image's workspace
 against the container's). The other JITs of sglang 0.5.23 write under its cache folder,
 which a profile keeps on a host volume (so a host compiles each kernel once), where
 `docker diff` sees nothing. So these are found by their files' times: a `.so` or `.cubin`

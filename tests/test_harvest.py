@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from docker.errors import ImageNotFound
 
-from builder import kernels
+from builder.kernels import packs
 from tests.conftest import REPO_ROOT, Builder, Upstreams, builder_in
 from tests.services import free_port
 from tests.test_image import image_args
@@ -144,8 +144,8 @@ def test_a_tampered_kernel_pack_fails_the_build_and_names_the_file(
     wheels = json.loads(builder.run("wheels", "--json").stdout)["upstreams"]
     version = wheels["flashinfer"]["wheel"]["version"]
     packs = builder.cache_dir / "kernel-packs"
-    module = kernels.CompiledModule(version, "120a", "norm", "/unused")
-    made = kernels.write_pack(
+    module = packs.CompiledModule(version, "120a", "norm", "/unused")
+    made = packs.write_pack(
         [module], {"cached_ops/norm/norm.so": (b"the bytes that were hashed", 0o644, 0)},
         tmp_path / "made", "test",
     )  # fmt: skip
@@ -184,12 +184,11 @@ def _workspace(root: Path, ninja_extra: str = "") -> Path:
 
 
 def test_harvest_takes_the_module_s_build_folders_only(tmp_path: Path) -> None:
-    from builder import kernels
 
     _workspace(tmp_path / "ws")
-    modules, pack = kernels.harvest_workspace(tmp_path / "ws", tmp_path / "packs")
+    modules, pack = packs.harvest_workspace(tmp_path / "ws", tmp_path / "packs")
     assert [m.name for m in modules] == ["norm"]
-    record = kernels.pack_record(pack)
+    record = packs.pack_record(pack)
     assert set(record["files"]) == {
         "cached_ops/norm/norm.so", "cached_ops/norm/build.ninja", "generated/norm_inst.cu"
     }
@@ -198,18 +197,17 @@ def test_harvest_takes_the_module_s_build_folders_only(tmp_path: Path) -> None:
 def test_harvest_never_reads_outside_the_workspace(tmp_path: Path) -> None:
     """A network-facing server's workspace is not trusted: a link out of it, or a
     build.ninja naming `generated/../../..`, is refused and no pack is written."""
-    from builder import kernels
     from builder.errors import BuilderError
 
     module = _workspace(tmp_path / "link")
     (module / "stolen").symlink_to("/etc/hostname")
     with pytest.raises(BuilderError, match="links or leads outside"):
-        kernels.harvest_workspace(tmp_path / "link", tmp_path / "packs")
+        packs.harvest_workspace(tmp_path / "link", tmp_path / "packs")
 
     module = _workspace(tmp_path / "ninja")
     arch_root = module.parent.parent
     escape = f"{arch_root}/generated/" + "../" * len(arch_root.parts) + "etc/hostname"
     (module / "build.ninja").write_text(f"build norm.cuda.o: compile {escape}\n")
     with pytest.raises(BuilderError, match="outside"):
-        kernels.harvest_workspace(tmp_path / "ninja", tmp_path / "packs")
+        packs.harvest_workspace(tmp_path / "ninja", tmp_path / "packs")
     assert not (tmp_path / "packs").exists() or not list((tmp_path / "packs").iterdir())

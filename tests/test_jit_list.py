@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import kernels, launch
+from builder import launch
 from builder.errors import BuilderError
+from builder.kernels import jit_list, packs
 from builder.target import available_targets, load_target
 from tests.conftest import REPO_ROOT
 
@@ -35,7 +36,7 @@ def _data_copy(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("target_name", available_targets(REPO_ROOT))
 def test_the_list_and_the_profiles_agree(target_name: str) -> None:
     target = load_target(REPO_ROOT, target_name)
-    assert kernels.disagreements(target) == []
+    assert jit_list.disagreements(target) == []
     assert all(module.call_site for module in target.jit)
 
 
@@ -95,7 +96,7 @@ def test_a_flashinfer_setting_without_its_module_is_named(tmp_path: Path) -> Non
             'loaded_when = "quantization=modelopt_fp4"',
         )
     )
-    problems = kernels.disagreements(load_target(data, "sm120-0.5.9"))
+    problems = jit_list.disagreements(load_target(data, "sm120-0.5.9"))
     assert (
         "profile glm5-nvfp4-tp8: attention_backend=flashinfer loads FlashInfer, no module "
         "listed" in problems
@@ -108,7 +109,7 @@ def test_a_module_no_profile_loads_is_named(tmp_path: Path) -> None:
     text = profiles.read_text()
     fusion = text.index("[profiles.glm5-nvfp4-tp8-fusion]")
     profiles.write_text(text[:fusion])
-    problems = kernels.disagreements(load_target(data, "sm120-0.5.9"))
+    problems = jit_list.disagreements(load_target(data, "sm120-0.5.9"))
     assert problems == [
         "flashinfer.jit.comm:gen_trtllm_comm_module: no profile has "
         "enable_flashinfer_allreduce_fusion=true"
@@ -117,11 +118,11 @@ def test_a_module_no_profile_loads_is_named(tmp_path: Path) -> None:
 
 def test_a_renamed_kernel_pack_is_refused(tmp_path: Path) -> None:
     """`builder image` keys packs on their names, which stand for their pack.json."""
-    module = kernels.CompiledModule("0.6.3+sm120.gabc", "120a", "norm", "/unused")
+    module = packs.CompiledModule("0.6.3+sm120.gabc", "120a", "norm", "/unused")
     files = {"cached_ops/norm/norm.so": (b"so", 0o644, 0)}
-    pack = kernels.write_pack([module], files, tmp_path, "test")
-    assert kernels.packs_for(tmp_path, "0.6.3+sm120.gabc", ("12.0a",)) == [pack]
-    assert kernels.packs_for(tmp_path, "0.6.3+sm120.gother", ("12.0a",)) == []
+    pack = packs.write_pack([module], files, tmp_path, "test")
+    assert packs.packs_for(tmp_path, "0.6.3+sm120.gabc", ("12.0a",)) == [pack]
+    assert packs.packs_for(tmp_path, "0.6.3+sm120.gother", ("12.0a",)) == []
     pack.rename(tmp_path / "flashinfer-0.6.3+sm120.gabc-120a-000000000000.kernel-pack.tar")
     with pytest.raises(BuilderError, match=r"its name does not match its pack\.json"):
-        kernels.packs_for(tmp_path, "0.6.3+sm120.gabc", ("12.0a",))
+        packs.packs_for(tmp_path, "0.6.3+sm120.gabc", ("12.0a",))

@@ -90,7 +90,7 @@ def test_a_forged_entry_is_compiled_again_and_named(
 def test_signatures_verify_only_with_a_trusted_key(tmp_path: Path, monkeypatch) -> None:
     """A registry entry is used only with a signature by a key the site trusts: the
     site's own verifies, another's or a changed byte does not."""
-    from builder import kernel_trust
+    from builder.kernels import trust as kernel_trust
 
     site_key, site_public = kernel_trust.generate(tmp_path / "site")
     other_key, _ = kernel_trust.generate(tmp_path / "other")
@@ -108,8 +108,8 @@ def test_signatures_verify_only_with_a_trusted_key(tmp_path: Path, monkeypatch) 
 
 
 def test_a_bad_key_file_is_one_line_naming_it(tmp_path: Path, monkeypatch) -> None:
-    from builder import kernel_trust
     from builder.errors import BuilderError
+    from builder.kernels import trust as kernel_trust
 
     keys = tmp_path / "trusted.pub"
     keys.write_text("# site keys\nnot-base64!!\n")

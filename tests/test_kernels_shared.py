@@ -24,7 +24,7 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from builder import kernel_trust
+from builder.kernels import trust as kernel_trust
 from tests.conftest import (
     REGISTRY_PASSWORD,
     REGISTRY_USER,
@@ -261,7 +261,7 @@ def test_a_forged_registry_entry_is_not_used_and_the_module_compiles(
     entry (here: host A's own bytes, so only the signature is wrong). A fresh host does not
     use it: one warning names the entry and norm compiles; vllm_comm, signed by the site,
     still comes from the registry. Without a trusted key the registry is not used at all."""
-    from builder import kernel_cache
+    from builder.kernels import cache as kernel_cache
 
     builder_a, first, shared, _ = host_a
     norm = this_run(first)["norm"]

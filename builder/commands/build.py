@@ -10,8 +10,6 @@ from pathlib import Path
 from builder import (
     docker_client,
     image,
-    kernel_wheel,
-    kernels,
     launch,
     lock,
     manifest,
@@ -25,6 +23,8 @@ from builder import (
 from builder.cache import atomic_copy, locked, sha256_file
 from builder.commands.common import FETCH, PROJECT, add_command, context, emit
 from builder.errors import BuilderError
+from builder.kernels import packs
+from builder.kernels import wheel as kernel_wheel
 from builder.urls import has_credentials, redact
 from builder.wheels import BuiltWheel
 
@@ -154,7 +154,7 @@ def _image_options(args: argparse.Namespace, ctx: pipeline.Context) -> image.Ima
         jit_modules=modules,
         jit_jobs=args.jit_jobs,
         network_host=args.network_host,
-        kernel_packs_dir=kernels.packs_dir(ctx.cache_dir),
+        kernel_packs_dir=packs.packs_dir(ctx.cache_dir),
         kernel_registry=kernel_registry,
     )
     provenance.refuse_credentials_in_build_args("--pip-index-url", options.pip_index_url)

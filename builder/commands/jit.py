@@ -7,7 +7,7 @@ from pathlib import Path
 
 from docker.errors import NotFound
 
-from builder import docker_client, kernel_trust, kernels
+from builder import docker_client
 from builder.commands.common import (
     add_cache_option,
     add_output_options,
@@ -15,13 +15,15 @@ from builder.commands.common import (
     emit,
 )
 from builder.errors import BuilderError
+from builder.kernels import jit_list, packs
+from builder.kernels import trust as kernel_trust
 from builder.settings import resolve_cache_dir, resolve_data_dir
 from builder.target import load_target
 
 
 def cmd_jit_list(args: argparse.Namespace) -> None:
     target = load_target(resolve_data_dir(args.data_dir), args.target)
-    problems = kernels.disagreements(target)
+    problems = jit_list.disagreements(target)
     modules = [
         {"generator": m.generator, "loaded_when": m.loaded_when, "call_site": m.call_site}
         for m in target.jit
@@ -34,14 +36,14 @@ def cmd_jit_list(args: argparse.Namespace) -> None:
 
 
 def cmd_jit_harvest(args: argparse.Namespace) -> None:
-    out = Path(args.out) if args.out else kernels.packs_dir(resolve_cache_dir(args.cache_dir))
+    out = Path(args.out) if args.out else packs.packs_dir(resolve_cache_dir(args.cache_dir))
     if args.container:
         client = docker_client.connect()
         try:
             container = client.containers.get(args.container)
         except NotFound:
             raise BuilderError(f"--container {args.container}: no such container") from None
-        modules, pack = kernels.harvest_container(container, out)
+        modules, pack = packs.harvest_container(container, out)
         where = f"container {args.container}"
     else:
         workspace = Path(args.workspace)
@@ -50,7 +52,7 @@ def cmd_jit_harvest(args: argparse.Namespace) -> None:
                 f"--workspace {workspace}: no .cache/flashinfer inside "
                 "(pass FlashInfer's workspace base: FLASHINFER_WORKSPACE_BASE, or $HOME)"
             )
-        modules, pack = kernels.harvest_workspace(workspace, out)
+        modules, pack = packs.harvest_workspace(workspace, out)
         where = f"workspace {workspace}"
     names = [module.name for module in modules]
     result = {"modules": names, "pack": str(pack) if pack else None}

@@ -18,7 +18,6 @@ from rich.markup import escape
 from builder import (
     docker_client,
     gpu_state,
-    kernels,
     launch,
     progress,
     qualify,
@@ -44,6 +43,7 @@ from builder.commands.serve import (
 )
 from builder.errors import EXIT_CODES, BuilderError
 from builder.identity import builder_identity
+from builder.kernels import packs
 from builder.settings import resolve_data_dir
 from builder.target import load_target
 
@@ -355,7 +355,7 @@ def _checks(args, run, client, container, image, url, api_key, concurrency, need
     }
     if container:
         try:
-            flashinfer = [m.name for m in kernels.compiled_in_container(container)]
+            flashinfer = [m.name for m in packs.compiled_in_container(container)]
             others = runtime_jit.compiled_in_container(container)
         except APIError as exc:
             run.fail("startup", f"cannot inspect container {args.container}: {exc.explanation}")

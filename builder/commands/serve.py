@@ -17,7 +17,6 @@ from rich.markup import escape
 from builder import (
     docker_client,
     doctor,
-    kernels,
     launch,
     manifest,
     progress,
@@ -38,6 +37,7 @@ from builder.commands.common import (
     emit,
 )
 from builder.errors import BuilderError
+from builder.kernels import packs
 from builder.settings import resolve_data_dir
 from builder.target import load_target
 
@@ -243,7 +243,7 @@ def _wait(args, url: str, container: str | None, expect: dict, deadline_minutes:
     if container:
         try:
             watched = client.containers.get(container)
-            compiled = [m.name for m in kernels.compiled_in_container(watched)]
+            compiled = [m.name for m in packs.compiled_in_container(watched)]
             others = runtime_jit.compiled_in_container(watched)
         except APIError:  # removed (404) or being removed (409): nothing left to inspect
             pass
@@ -418,7 +418,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
             container = client.containers.get(args.container)
         except NotFound:
             raise BuilderError(f"--container {args.container}: no such container") from None
-        compiled = [m.name for m in kernels.compiled_in_container(container)]
+        compiled = [m.name for m in packs.compiled_in_container(container)]
         findings.append(
             doctor.Finding(
                 "jit",

@@ -22,9 +22,11 @@ from pathlib import Path
 
 import docker
 
-from builder import kernel_cache, kernel_wheel, progress
+from builder import progress
 from builder.cache import atomic_copy, atomic_write_text, sha256_file
 from builder.errors import BuilderError
+from builder.kernels import cache as kernel_cache
+from builder.kernels import wheel as kernel_wheel
 from builder.wheels import BuiltWheel
 
 WARMUP = "/opt/builder/jit_warmup.py"

@@ -6,7 +6,7 @@ An entry is `<lookup key>.<key>.kernel.tar` (made by the image's jit_warmup.py):
 one lookup key can have several (one per header variant). In the registry the newest entry
 of a lookup key is a one-layer image `REPO:<lookup key>` holding the tar, pushed and
 pulled through the Docker engine with the credentials `builder image --push` uses: no
-server of our own. Each holds the entry and its ed25519 signature (builder/kernel_trust.py):
+server of our own. Each holds the entry and its ed25519 signature (builder/kernels/trust.py):
 an entry no trusted key signed is not used. The warm-up then checks every entry (sha256,
 lookup key, key, inputs) before it reuses one, so a corrupt or foreign entry is compiled
 again, never loaded.
@@ -28,14 +28,15 @@ import docker
 from docker.errors import APIError, ImageNotFound, NotFound
 from requests.exceptions import RequestException
 
-from builder import kernel_trust, progress, registry
+from builder import progress, registry
 from builder.cache import atomic_copy
 from builder.errors import BuilderError
+from builder.kernels import trust as kernel_trust
 from builder.urls import redact
 
 ENTRY_SUFFIX = ".kernel.tar"
 _ENTRY_IN_IMAGE = "entry.tar"
-_SIGNATURE_IN_IMAGE = "entry.tar.sig"  # ed25519 over entry.tar (builder/kernel_trust.py)
+_SIGNATURE_IN_IMAGE = "entry.tar.sig"  # ed25519 over entry.tar (builder/kernels/trust.py)
 _LABEL = "io.builder.kernel-entry"
 
 
