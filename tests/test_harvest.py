@@ -143,15 +143,15 @@ def test_a_tampered_kernel_pack_fails_the_build_and_names_the_file(
     builder = builder_in(tmp_path, github, docker_host)
     wheels = json.loads(builder.run("wheels", "--json").stdout)["upstreams"]
     version = wheels["flashinfer"]["wheel"]["version"]
-    packs = builder.cache_dir / "kernel-packs"
+    pack_dir = builder.cache_dir / "kernel-packs"
     module = packs.CompiledModule(version, "120a", "norm", "/unused")
     made = packs.write_pack(
         [module], {"cached_ops/norm/norm.so": (b"the bytes that were hashed", 0o644, 0)},
         tmp_path / "made", "test",
     )  # fmt: skip
     # Same name and pack.json, other bytes for the module: as if altered on the way.
-    pack = packs / made.name
-    packs.mkdir(parents=True)
+    pack = pack_dir / made.name
+    pack_dir.mkdir(parents=True)
     with tarfile.open(made) as source, tarfile.open(pack, "w") as tar:
         for member in source:
             data = source.extractfile(member).read()
@@ -184,7 +184,6 @@ def _workspace(root: Path, ninja_extra: str = "") -> Path:
 
 
 def test_harvest_takes_the_module_s_build_folders_only(tmp_path: Path) -> None:
-
     _workspace(tmp_path / "ws")
     modules, pack = packs.harvest_workspace(tmp_path / "ws", tmp_path / "packs")
     assert [m.name for m in modules] == ["norm"]
