@@ -6,6 +6,7 @@ culprits in a tampered copy. Real engine, real registry, the real test image.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -555,12 +556,18 @@ def test_qualify_start_launches_the_recipe_qualifies_and_removes_the_server(
     monkeypatch.setenv("REAL_DOCKER", shutil.which("docker"))
     monkeypatch.setenv("STANDIN_INFO", json.dumps(GOOD_INFO))
     port, name, out = free_port(), f"qualify-start-{free_port()}", tmp_path / "qualify"
-    result = bare_builder(
-        tmp_path, docker_host, "qualify", "--start", "--image", standin_image,
-        "--port", str(port), "--name", name, "--hf-cache", str(tmp_path / "hf"),
-        "--no-throughput", "--needles", "4096", "--out", str(out),
-        check=False, path=str(bin_dir),
-    )  # fmt: skip
+    try:
+        result = bare_builder(
+            tmp_path, docker_host, "qualify", "--start", "--image", standin_image,
+            "--port", str(port), "--name", name, "--hf-cache", str(tmp_path / "hf"),
+            "--no-throughput", "--needles", "4096", "--out", str(out),
+            check=False, path=str(bin_dir),
+        )  # fmt: skip
+    finally:  # whatever happened, no container is left for the tests after this one
+        with contextlib.suppress(NotFound):
+            left = docker_client.containers.get(name)
+            left.remove(force=True)
+            pytest.fail(f"qualify --start left {name} behind")
     receipt = json.loads((out / "receipt.json").read_text())
     assert f"started {name} from {standin_image}" in result.stderr
     assert receipt["server"]["container"] == name
@@ -576,5 +583,4 @@ def test_qualify_start_launches_the_recipe_qualifies_and_removes_the_server(
     # As in the test above: the test image's reduced runtime fails its own verify.
     assert result.returncode == 8 and receipt["result"]["failed_at"] == "verify", result.stderr
     assert f"stopped and removed {name}" in result.stderr
-    with pytest.raises(NotFound):
-        docker_client.containers.get(name)
+    assert "standin: server_args=" in (out / "server.log").read_text(), "its log, kept beside"

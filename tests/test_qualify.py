@@ -160,6 +160,7 @@ def test_no_server_is_one_line_and_a_receipt_that_says_so(builder, tmp_path) -> 
     [
         ([], "qualify: give the server URL (http://HOST:PORT), --start to launch one, or"),
         (["http://127.0.0.1:1", "--start"], "qualify --start starts the server itself: give no URL"),
+        (["http://127.0.0.1:1", "--port", "30001"], "--port: only with --start (it launches the server)"),
         (["http://127.0.0.1:1", "--concurrency", "0,4"], "--concurrency '0,4': expected whole numbers above 0"),
         (["http://127.0.0.1:1", "--needles", "x"], "--needles 'x': expected whole numbers above 0"),
         (["http://127.0.0.1:1", "--deadline", "nan"], "--deadline nan: must be a number of minutes, 0 or more"),

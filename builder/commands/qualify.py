@@ -221,6 +221,9 @@ def cmd_qualify(args: argparse.Namespace) -> None:
     out = validate.writable_dir("--out", args.out)
     api_key = read_api_key(args.api_key_file) if args.api_key_file else None
     if not args.start:
+        given = [flag for flag, attr in _START_ONLY if getattr(args, attr) != _DEFAULTS[attr]]
+        if given:
+            raise BuilderError(f"{given[0]}: only with --start (it launches the server)")
         _qualify(args, url, api_key, concurrency, needles, out)
         return
     recipe, _ = recipe_from_args(args)  # every input checked before a server starts
@@ -233,19 +236,21 @@ def cmd_qualify(args: argparse.Namespace) -> None:
         if args.keep_server:
             progress.info(f"{recipe.container_name} keeps running (--keep-server)")
         else:
-            _stop_server(recipe.container_name)
+            _stop_server(recipe.container_name, out)
 
 
-def _stop_server(name: str) -> None:
-    """Gracefully, as an operator would: SIGTERM, a minute to exit, then removed."""
+def _stop_server(name: str, out: Path) -> None:
+    """Gracefully, as an operator would: SIGTERM, a minute to exit, then removed; its log
+    is kept beside the receipt (server.log), since the container goes."""
     try:
         container = docker_client.connect().containers.get(name)
         container.stop(timeout=60)
+        atomic_write_text(out / "server.log", container.logs().decode(errors="replace"))
         container.remove()
-    except (NotFound, APIError) as exc:
+    except (BuilderError, NotFound, APIError, OSError) as exc:
         progress.warn(f"could not stop and remove {name}: {exc}; `docker rm -f {name}`")
         return
-    progress.info(f"stopped and removed {name} (--keep-server keeps it)")
+    progress.info(f"stopped and removed {name}, its log in {out / 'server.log'}")
 
 
 def _qualify(args, url: str, api_key, concurrency, needles, out: Path) -> None:
@@ -582,6 +587,15 @@ def _compare(args) -> None:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
 
 
+# Launch options that only --start uses (the server to start), and their defaults.
+_START_ONLY = (
+    ("--manifest", "manifest"), ("--manifest-dir", "manifest_dir"), ("--model", "model"),
+    ("--port", "port"), ("--extra-arg", "extra_arg"), ("--hf-cache", "hf_cache"),
+    ("--name", "name"), ("--bind", "bind"), ("--keep-server", "keep_server"),
+)  # fmt: skip
+_DEFAULTS: dict = {}
+
+
 def register(sub) -> None:
     command = sub.add_parser(
         "qualify",
@@ -620,7 +634,10 @@ examples:
     command.add_argument(
         "--keep-server", action="store_true", help="with --start: leave the server running"
     )
-    command.add_argument("--api-key-file", metavar="FILE", help="file holding the server's key")
+    command.add_argument(
+        "--api-key-file", metavar="FILE",
+        help="file holding the server's key (with --start: the key the server then requires)",
+    )  # fmt: skip
     command.add_argument(
         "--image", metavar="REF",
         help="the server's image: verify it first (with --start: the image to start)",
@@ -677,6 +694,7 @@ examples:
         "--compare", nargs="+", metavar="RECEIPT", help="print receipts side by side and stop"
     )
     add_launch_options(command, skip=("--profile", "--image", "--set", "--api-key-file"))
+    _DEFAULTS.update({attr: command.get_default(attr) for _, attr in _START_ONLY})
     add_project_options(command)
     add_output_options(command)
     command.set_defaults(func=cmd_qualify)

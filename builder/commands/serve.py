@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -168,11 +169,19 @@ def start_server(recipe: launch.Recipe) -> None:
     command = [part.replace(launch.HOME, home) for part in recipe.docker_run()]
     try:  # a first run pulls the image: minutes for a server image
         started = subprocess.run(command, capture_output=True, text=True, timeout=3600)
-    except subprocess.TimeoutExpired:
-        raise BuilderError("docker run: no answer within an hour (pulling the image?)") from None
-    if started.returncode:
-        lines = started.stderr.strip().splitlines() or ["no message"]
-        raise BuilderError(f"docker run failed: {lines[-1]}")
+        if started.returncode:
+            lines = started.stderr.strip().splitlines() or ["no message"]
+            raise BuilderError(f"docker run failed: {lines[-1]}")
+    except BaseException as exc:
+        # docker run may have created the container before failing to start it (port taken,
+        # no NVIDIA runtime) or being interrupted: the name was free above, so it is ours.
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                ["docker", "rm", "-f", recipe.container_name], capture_output=True, timeout=60
+            )
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise BuilderError("docker run: no answer within an hour (pulling the image?)") from exc
+        raise
 
 
 def cmd_deploy_files(args: argparse.Namespace) -> None:
