@@ -592,11 +592,7 @@ def build_image(
             sbom_text = docker_client.read_file_from_image(
                 client, image_plan.reference, sbom.PATH_IN_IMAGE
             ).decode()
-            progress.info(
-                f"[green]✓[/] image {image_plan.reference} is up to date "
-                "(all stage keys match: nothing built)"
-            )
-        else:
+        if not skipped or save_context:
             kernels_folder = context / "wheels" / "kernels"
             kernels_folder.mkdir(parents=True)
             shutil.copy2(kernels_wheel.path, kernels_folder / kernels_wheel.filename)
@@ -604,21 +600,32 @@ def build_image(
             recipe.write(
                 recipe.build_recipe(target, forks, everything, options.jit_modules), context
             )
-            sbom_text = _runtime_sbom(client, forks, everything, options, image_plan, context)
+            if skipped:  # the very labels of the build that made the image
+                existing = client.images.get(image_plan.reference).labels or {}
+                made = {key: existing[key] for key in _BUILD_TIME_LABELS if key in existing}
+            else:
+                sbom_text = _runtime_sbom(client, forks, everything, options, image_plan, context)
+                made = {
+                    "org.opencontainers.image.created": _now(),
+                    f"{LABEL_PREFIX}kernels.wheel": kernels_wheel.filename,
+                    f"{LABEL_PREFIX}kernels.wheel-sha256": kernels_wheel.sha256,
+                }
             (context / Path(sbom.PATH_IN_IMAGE).name).write_text(sbom_text)
-            labels = {
-                **image_plan.labels,
-                "org.opencontainers.image.created": _now(),
-                f"{LABEL_PREFIX}kernels.wheel": kernels_wheel.filename,
-                f"{LABEL_PREFIX}kernels.wheel-sha256": kernels_wheel.sha256,
-            }
-            built_plan = ImagePlan(**{**image_plan.__dict__, "labels": labels})
+            built_plan = ImagePlan(
+                **{**image_plan.__dict__, "labels": {**image_plan.labels, **made}}
+            )
+        if save_context:  # before the build: a failed build is the one worth a look by hand
+            _save_context(context, built_plan, options, save_context)
+        if skipped:
+            progress.info(
+                f"[green]✓[/] image {image_plan.reference} is up to date "
+                "(all stage keys match: nothing built)"
+            )
+        else:
             started = time.monotonic()
             _stream_build(client, context, image_plan.reference, built_plan, options)
             progress.info(f"image built in {time.monotonic() - started:.0f} s")
             _check_labels(client, image_plan.reference, image_plan.labels)
-            if save_context:
-                _save_context(context, built_plan, options, save_context)
     image = client.images.get(image_plan.reference)
     inventory = json.loads(
         docker_client.read_file_from_image(client, image_plan.reference, INVENTORY_PATH)
@@ -640,37 +647,73 @@ def build_image(
 
 
 SAVED_BUILD = "docker-build.json"
+_SAVED_BY = "builder image --save-context"
+# Labels a build adds beyond the plan's: a saved context of an existing image repeats them.
+_BUILD_TIME_LABELS = (
+    "org.opencontainers.image.created",
+    f"{LABEL_PREFIX}kernels.wheel",
+    f"{LABEL_PREFIX}kernels.wheel-sha256",
+)
+
+
+def _saved_by_builder(folder: Path) -> bool:
+    try:
+        return json.loads((folder / SAVED_BUILD).read_text()).get("saved_by") == _SAVED_BY
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _replaceable(folder: Path) -> bool:
+    """Absent, empty, or written by --save-context: builder may replace it."""
+    return not folder.exists() or (
+        folder.is_dir() and (not any(folder.iterdir()) or _saved_by_builder(folder))
+    )
 
 
 def check_save_context(destination: Path) -> None:
     """A new or empty folder, or one an earlier --save-context wrote (it is replaced)."""
-    if destination.exists() and not (
-        destination.is_dir()
-        and (not any(destination.iterdir()) or (destination / SAVED_BUILD).is_file())
-    ):
-        raise BuilderError(
-            f"--save-context {destination}: exists and is not a saved build context; "
-            "give a new or empty folder"
-        )
+    for folder in (destination, *_save_context_siblings(destination)):
+        if not _replaceable(folder):
+            raise BuilderError(
+                f"--save-context {destination}: {folder} exists and is not a build context "
+                "builder saved; give a new or empty folder"
+            )
+
+
+def _save_context_siblings(destination: Path) -> tuple[Path, Path]:
+    return destination.with_name(destination.name + ".partial"), destination.with_name(
+        destination.name + ".old"
+    )
 
 
 def _save_context(
     context: Path, image_plan: ImagePlan, options: ImageOptions, destination: Path
 ) -> None:
     """The exact context of the image build, and its docker build arguments beside it
-    (docker-build.json), to audit it or run the same `docker build` by hand."""
-    partial = destination.with_name(destination.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    shutil.copytree(context, partial)
+    (docker-build.json), to audit it or run the same `docker build` by hand. A folder is
+    swapped in whole; one that cannot be written is a warning, not a failed build."""
+    partial, old = _save_context_siblings(destination)
     arguments = {
+        "saved_by": _SAVED_BY,
         "tag": image_plan.reference,
         "buildargs": image_plan.buildargs,
         "labels": image_plan.labels,
         "network_mode": "host" if options.network_host else None,
     }
-    (partial / SAVED_BUILD).write_text(json.dumps(arguments, indent=2, sort_keys=True) + "\n")
-    shutil.rmtree(destination, ignore_errors=True)
-    partial.rename(destination)
+    try:
+        check_save_context(destination)  # again: it may have changed since the start
+        for leftover in (partial, old):
+            shutil.rmtree(leftover, ignore_errors=True)
+        partial.mkdir(parents=True)
+        (partial / SAVED_BUILD).write_text(json.dumps(arguments, indent=2, sort_keys=True) + "\n")
+        shutil.copytree(context, partial, dirs_exist_ok=True)
+        if destination.exists():
+            destination.rename(old)
+        partial.rename(destination)
+        shutil.rmtree(old, ignore_errors=True)
+    except (OSError, BuilderError) as exc:
+        progress.warn(escape(f"--save-context {destination}: not saved ({exc})"))
+        return
     progress.info(escape(f"build context saved: {destination} (arguments: {SAVED_BUILD})"))
 
 

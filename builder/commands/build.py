@@ -208,8 +208,6 @@ def cmd_image(args: argparse.Namespace) -> None:
     result = image.build_image(
         client, target, forks, wheels, options, image_plan, ctx.cache_dir, save_context
     )
-    if save_context and result.skipped:
-        progress.info("--save-context: the image is up to date, nothing built to save")
     wheels = {**wheels, "kernels": _into_wheelhouse(result.kernel_wheel, _wheelhouse(args, ctx))}
     if args.push:
         result.pushed = registry.push(client, result.reference, args.push)
