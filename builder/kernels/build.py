@@ -91,8 +91,11 @@ def run_warmup(
             for line in lines:
                 recent = [*recent[-_TAIL_LINES:], line]
                 if bring and line.startswith(_LOOKUPS):
-                    entries = bring(json.loads(line.removeprefix(_LOOKUPS)))
-                    container.put_archive("/", _entries_then_ready(entries))
+                    try:
+                        lookups = json.loads(line.removeprefix(_LOOKUPS))
+                    except ValueError:
+                        raise BuilderError(f"kernel build: unreadable key line: {line}") from None
+                    container.put_archive("/", _entries_then_ready(bring(lookups)))
                 elif line.startswith("jit-warmup:"):
                     progress.info(f"  {line}")
         recent = [*recent, pending] if pending else recent

@@ -62,6 +62,7 @@ class SharedKernels:
         self.repository = repository
         self.down = False
         self._warned_once = threading.Lock()
+        self.auth = registry.auth(repository) if repository else None  # once: it may warn
         self.trusted = kernel_trust.trusted_keys() if repository else []
         self.signer = kernel_trust.signing_key() if repository else None
         if repository and not self.trusted:
@@ -93,9 +94,7 @@ class SharedKernels:
             return None
         reference = f"{self.repository}:{lookup}"
         try:
-            self.client.images.pull(
-                self.repository, tag=lookup, auth_config=registry.auth(self.repository)
-            )
+            self.client.images.pull(self.repository, tag=lookup, auth_config=self.auth)
         except NotFound:
             return None
         except (APIError, RequestException) as exc:
@@ -103,13 +102,18 @@ class SharedKernels:
                 return None
             self._unreachable(exc)
             return None
-        container = self.client.containers.create(reference, command=["entry"])
         try:
-            data = self._file(container, _ENTRY_IN_IMAGE)
-            signature = self._file(container, _SIGNATURE_IN_IMAGE)
+            container = self.client.containers.create(reference, command=["entry"])
+            try:
+                data = self._file(container, _ENTRY_IN_IMAGE)
+                signature = self._file(container, _SIGNATURE_IN_IMAGE)
+            finally:
+                container.remove(force=True)
+        except (APIError, RequestException) as exc:
+            self._unreachable(exc)
+            return None
         finally:
-            container.remove(force=True)
-            with contextlib.suppress(ImageNotFound, APIError):
+            with contextlib.suppress(ImageNotFound, APIError, RequestException):
                 self.client.images.remove(reference, noprune=False)
         if data is None or signature is None or not kernel_trust.verify(
             self.trusted, data, signature
