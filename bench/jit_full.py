@@ -37,8 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # Named lists. sm120-current: what a GLM-5-NVFP4 TP-8 server on SM120 loads with sglang
 # 0.5.23 and flashinfer 0.7.2 (../shared/UPSTREAM-current.md §4; sparse MLA, cutlass fused
 # MoE, NVFP4 quantisation and GEMM, DSv3 routing, sampling, the opt-in PCIe IPC
-# all-reduce and the experimental fusion profile's trtllm_comm), each generator called as flashinfer's own loader calls it. Largest first:
-# fused_moe_120 gets a call to itself, and a call that runs out of time stops a small one.
+# all-reduce, the fusion profile's trtllm_comm), each generator called as flashinfer's own
+# loader calls it. Largest first: fused_moe_120 gets a call to itself, and a call that runs
+# out of time stops a small one.
 SETS = {
     "sm120-current": [
         "flashinfer.jit.fused_moe:gen_cutlass_fused_moe_sm120_module",
@@ -262,6 +263,10 @@ def merge(args: argparse.Namespace) -> None:
     for call, path in enumerate(args.records, calls_before + 1):
         data = json.loads(path.read_text())
         host, arch = data["host"], data["arch"]
+        this = (arch, host.get("flashinfer_version"))
+        earlier = (previous.get("arch"), previous.get("flashinfer_version"))
+        if previous and this != earlier:
+            sys.exit(f"{path}: arch and flashinfer {this} differ from --previous's {earlier}")
         for module, record in data["records"].items():
             seen.setdefault(module, []).append((call, record))
     listed = args.module or SETS.get(args.set) or listed_generators(args.target)
