@@ -18,7 +18,6 @@ from cyclonedx.model.bom import Bom, BomMetaData
 from cyclonedx.model.component import Component, ComponentType
 from cyclonedx.output.json import JsonV1Dot6
 from cyclonedx.schema import SchemaVersion
-from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 from packaging.utils import canonicalize_name
 
@@ -137,6 +136,10 @@ def build_sbom(
 
 def validate(text: str, what: str) -> None:
     """CycloneDX 1.6 JSON schema validation (strict) by cyclonedx-python-lib."""
+    # Imported here: its jsonschema format checkers cost about a second at import, which
+    # every builder command (`--help` and a no-op `image` included) would otherwise pay.
+    from cyclonedx.validation.json import JsonStrictValidator
+
     error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text)
     if error is not None:
         raise BuilderError(f"{what} is not valid CycloneDX 1.6: {str(error)[:300]}")
