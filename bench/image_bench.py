@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -149,7 +150,8 @@ def main() -> None:
     finally:
         if index:
             index.terminate()
-        daemon.stop()
+        daemon.stop(remove_data=True)  # its images are gigabytes
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

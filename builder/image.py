@@ -26,7 +26,7 @@ from packaging.utils import canonicalize_name
 from rich.markup import escape
 
 from builder import __version__, docker_client, launch, lock, progress, recipe, sbom
-from builder.cache import content_key, sha256_file
+from builder.cache import atomic_write_text, content_key, sha256_file
 from builder.cuda import sm_name
 from builder.errors import BuilderError
 from builder.identity import code_key
@@ -589,9 +589,7 @@ def build_image(
         )
         skipped = image_plan.exists and _same_kernels(client, image_plan, kernels_wheel)
         if skipped:
-            sbom_text = docker_client.read_file_from_image(
-                client, image_plan.reference, sbom.PATH_IN_IMAGE
-            ).decode()
+            _, sbom_text, _ = _image_files(client, image_plan.reference, cache_dir)
         if not skipped or save_context:
             kernels_folder = context / "wheels" / "kernels"
             kernels_folder.mkdir(parents=True)
@@ -626,10 +624,7 @@ def build_image(
             _stream_build(client, context, image_plan.reference, built_plan, options)
             progress.info(f"image built in {time.monotonic() - started:.0f} s")
             _check_labels(client, image_plan.reference, image_plan.labels)
-    image = client.images.get(image_plan.reference)
-    inventory = json.loads(
-        docker_client.read_file_from_image(client, image_plan.reference, INVENTORY_PATH)
-    )
+    image, sbom_text, inventory = _image_files(client, image_plan.reference, cache_dir)
     return ImageResult(
         reference=image_plan.reference,
         image_id=image.id,
@@ -644,6 +639,23 @@ def build_image(
         runtime_lock=image_plan.runtime_lock.record(),
         sbom=sbom_text,
     )
+
+
+def _image_files(client: docker.DockerClient, reference: str, cache_dir: Path):
+    """(the image, its SBOM text, its kernel inventory). The two files are kept in the cache
+    by image id (content-addressed), so a no-op run reads nothing out of the image: each
+    read is a container created, copied from and removed."""
+    image = client.images.get(reference)
+    kept = cache_dir / "image-files" / f"{image.id.removeprefix('sha256:')}.json"
+    try:
+        record = json.loads(kept.read_text())
+        return image, record["sbom"], record["inventory"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    sbom_text = docker_client.read_file_from_image(client, reference, sbom.PATH_IN_IMAGE).decode()
+    inventory = json.loads(docker_client.read_file_from_image(client, reference, INVENTORY_PATH))
+    atomic_write_text(kept, json.dumps({"sbom": sbom_text, "inventory": inventory}) + "\n")
+    return image, sbom_text, inventory
 
 
 SAVED_BUILD = "docker-build.json"

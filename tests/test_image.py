@@ -123,11 +123,26 @@ def test_labels_record_provenance(built, docker_client) -> None:
     assert image["reference"].startswith("sglang-sm120:sglang0.5.9-fi0.6.3-sm120-0.5.9-")
 
 
-def test_unchanged_inputs_build_nothing(built, test_base, runtime_index) -> None:
-    builder, image, _ = built
+def test_unchanged_inputs_build_nothing(built, docker_client, test_base, runtime_index) -> None:
+    """Nothing built, and not one container created: the SBOM and kernel inventory the
+    manifest needs come from the cache (kept by image id), not read out of the image."""
+    import time
+
+    builder, image, manifest = built
+    since = int(time.time())
     again = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
+    created = list(
+        docker_client.events(
+            since=since, until=int(time.time()) + 1, decode=True,
+            filters={"type": "container", "event": "create"},
+        )
+    )  # fmt: skip
     assert again["image"]["skipped"] is True
     assert again["image"]["image_id"] == image["image_id"]
+    sbom_beside = Path(again["manifest"]).with_suffix(".cdx.json").read_text()
+    assert sbom_beside == manifest.with_suffix(".cdx.json").read_text()
+    assert again["image"]["jit_inventory"] == image["jit_inventory"]
+    assert created == [], "a no-op run creates no container"
 
 
 def test_sglang_patch_change_rebuilds_only_the_server_stage(
