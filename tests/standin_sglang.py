@@ -22,6 +22,7 @@ the sparse top-k) and /generate streaming one token each TOKEN_SECONDS. A token 
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -129,6 +130,9 @@ def port_argument(args: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    # As sglang's server (uvicorn) does, SIGTERM ends it: `docker stop` needs no SIGKILL after
+    # its grace period (as PID 1 a process without a handler ignores SIGTERM).
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     API_KEY = api_key_argument(sys.argv[1:])
     print(f"standin: server_args=ServerArgs(port={port_argument(sys.argv[1:])})", flush=True)
     if os.environ.get("JIT_AT_START"):
