@@ -588,8 +588,8 @@ def build_image(
             client, target, wheels, options, image_plan, context, cache_dir
         )
         skipped = image_plan.exists and _same_kernels(client, image_plan, kernels_wheel)
-        if skipped:
-            _, sbom_text, _ = _image_files(client, image_plan.reference, cache_dir)
+        if skipped:  # read once: the no-op path is the one a user waits on most
+            image, sbom_text, inventory = _image_files(client, image_plan.reference, cache_dir)
         if not skipped or save_context:
             kernels_folder = context / "wheels" / "kernels"
             kernels_folder.mkdir(parents=True)
@@ -624,7 +624,7 @@ def build_image(
             _stream_build(client, context, image_plan.reference, built_plan, options)
             progress.info(f"image built in {time.monotonic() - started:.0f} s")
             _check_labels(client, image_plan.reference, image_plan.labels)
-    image, sbom_text, inventory = _image_files(client, image_plan.reference, cache_dir)
+            image, sbom_text, inventory = _image_files(client, image_plan.reference, cache_dir)
     return ImageResult(
         reference=image_plan.reference,
         image_id=image.id,
