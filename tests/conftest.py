@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,6 +218,21 @@ def built_image(tmp_path_factory, github: Upstreams, docker_host, test_base, run
     args = image_args(test_base, runtime_index, "--json", "--save-context", str(root / "context"))
     result = json.loads(builder.run(*args).stdout)
     return builder, result["image"], Path(result["manifest"])
+
+
+def fresh_second() -> int:
+    """Now, waited until a new second begins: the engine's events are asked for by whole
+    second, so earlier events cannot fall into a window that starts here."""
+    time.sleep(1.05 - time.time() % 1)
+    return int(time.time())
+
+
+def container_events(client, event: str, since: int) -> list[dict]:
+    """The engine's container `event`s (create, start...) from `since` until now."""
+    filters = {"type": "container", "event": event}
+    return list(
+        client.events(since=since, until=int(time.time()) + 1, decode=True, filters=filters)
+    )
 
 
 def pip_freeze(client, reference: str) -> list[str]:

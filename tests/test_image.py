@@ -22,6 +22,8 @@ from tests.conftest import (  # noqa: F401 (image_args and WARM_MODULES: importe
     Builder,
     Upstreams,
     builder_in,
+    container_events,
+    fresh_second,
     image_args,
 )
 from tests.services import IMAGE_RUNTIME_REQUIREMENTS
@@ -126,18 +128,10 @@ def test_labels_record_provenance(built, docker_client) -> None:
 def test_unchanged_inputs_build_nothing(built, docker_client, test_base, runtime_index) -> None:
     """Nothing built, and not one container created: the SBOM and kernel inventory the
     manifest needs come from the cache (kept by image id), not read out of the image."""
-    import time
-
     builder, image, manifest = built
-    time.sleep(1.05 - time.time() % 1)  # events are asked for by whole second: a fresh one
-    since = int(time.time())
+    since = fresh_second()
     again = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
-    created = list(
-        docker_client.events(
-            since=since, until=int(time.time()) + 1, decode=True,
-            filters={"type": "container", "event": "create"},
-        )
-    )  # fmt: skip
+    created = container_events(docker_client, "create", since)
     assert again["image"]["skipped"] is True
     assert again["image"]["image_id"] == image["image_id"]
     sbom_beside = Path(again["manifest"]).with_suffix(".cdx.json").read_text()

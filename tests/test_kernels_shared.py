@@ -17,7 +17,6 @@ import json
 import os
 import tarfile
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -31,6 +30,8 @@ from tests.conftest import (
     Builder,
     Upstreams,
     builder_in,
+    container_events,
+    fresh_second,
     pip_freeze,
 )
 from tests.services import build_test_base, start_dockerd, start_pypiserver
@@ -142,18 +143,15 @@ def test_a_fresh_host_takes_every_kernel_from_the_registry(
         client_b = docker.DockerClient(base_url=engine.host, timeout=900)
         base_b = build_test_base(client_b, tmp_path_factory.mktemp("host-b-base"))
         builder = builder_in(tmp_path_factory.mktemp("host-b"), github, engine.host)
-        since = int(time.time())
+        since = fresh_second()
         result = builder.run(
             *kernel_args(base_b, runtime_index, "--kernel-registry", shared), env=REGISTRY_ENV
         )
         kernel_step_starts = [
             event
-            for event in client_b.events(
-                since=since, until=int(time.time()) + 1, decode=True,
-                filters={"type": "container", "event": "start"},
-            )
+            for event in container_events(client_b, "start", since)
             if ":kernel-builder-" in event["Actor"]["Attributes"].get("image", "")
-        ]  # fmt: skip
+        ]
         second = json.loads(result.stdout)
         installed_b = pip_freeze(client_b, second["image"]["reference"])
     finally:
