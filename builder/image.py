@@ -15,7 +15,7 @@ import tempfile
 import time
 import zipfile
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -56,7 +56,7 @@ class ImageOptions:
     jit_modules: tuple[str, ...]
     jit_jobs: int
     network_host: bool
-    # Kernel packs (`builder jit harvest`) for this flashinfer build are baked in from here.
+    # Kernel packs (`builder jit harvest`) for this flashinfer build: their modules compile too.
     kernel_packs_dir: Path | None = None
     # An OCI repository where build hosts share compiled kernel entries (None: local only).
     kernel_registry: str | None = None
@@ -76,7 +76,9 @@ class ImagePlan:
     base_id: str
     base_digest: str | None
     kernel_builder: str  # the Dockerfile's kernel-builder stage, tagged by its inputs
-    kernel_packs: tuple[Path, ...] = ()
+    # The target's modules, then those kernel packs found a server compiling (by call).
+    jit_modules: tuple[str, ...] = ()
+    harvested: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def reference(self) -> str:
@@ -251,13 +253,17 @@ def plan(
         if options.kernel_packs_dir and options.kernel_packs_dir.is_dir()
         else []
     )
+    harvested, unresolved = packs.harvested_modules(kernel_packs)
+    for problem in unresolved:
+        progress.warn(problem)
+    jit_modules = (*options.jit_modules, *(c for c in harvested if c not in options.jit_modules))
     flashinfer_key = content_key(
         {
             "runtime": runtime_key,
             "wheel": wheels["flashinfer"].sha256,
             "arch": target.arch_list,
-            "modules": options.jit_modules,
-            "kernel_packs": [pack.name for pack in kernel_packs],  # content-named
+            "modules": jit_modules,
+            "harvested": harvested,
             "builder": code_key("kernels/build", "kernels/cache", "kernels/wheel", "wheelfiles"),
         }
     )
@@ -282,13 +288,13 @@ def plan(
     sglang_version = wheels["sglang"].version.split("+")[0]
     fi_version = wheels["flashinfer"].version.split("+")[0]
     tag = f"sglang{sglang_version}-fi{fi_version}-{target.name}-{inputs_hash[:12]}"
-    labels = _labels(target, forks, wheels, options, stage_keys, inputs_hash)
+    labels = _labels(target, forks, wheels, options, jit_modules, stage_keys, inputs_hash)
     buildargs = {
         "BASE_IMAGE": options.base_image,
         "PIP_INDEX_URL": options.pip_index_url,
         "PIP_EXTRA_INDEX_URL": options.pip_extra_index_url,
         "JIT_ARCH_LIST": " ".join(target.arch_list),
-        "JIT_MODULES": json.dumps(list(options.jit_modules)),
+        "JIT_MODULES": json.dumps(list(jit_modules)),
         "RUNTIME_REQUIRE_HASHES": "1" if runtime_lock.hashed else "",
     }
 
@@ -325,7 +331,8 @@ def plan(
         base_id=base_id,
         base_digest=base_digest,
         kernel_builder=f"{target.image.repository}:kernel-builder-{kernel_builder_key[:12]}",
-        kernel_packs=tuple(kernel_packs),
+        jit_modules=jit_modules,
+        harvested=harvested,
     )
 
 
@@ -334,6 +341,7 @@ def _labels(
     forks: dict[str, ForkResult],
     wheels: dict[str, BuiltWheel],
     options: ImageOptions,
+    jit_modules: tuple[str, ...],
     stage_keys: dict[str, str],
     inputs_hash: str,
 ) -> dict[str, str]:
@@ -348,7 +356,7 @@ def _labels(
         f"{LABEL_PREFIX}target": target.name,
         f"{LABEL_PREFIX}inputs": inputs_hash,
         f"{LABEL_PREFIX}jit.arch": " ".join(sm_name(a) for a in target.arch_list),
-        f"{LABEL_PREFIX}jit.modules": json.dumps(list(options.jit_modules)),
+        f"{LABEL_PREFIX}jit.modules": json.dumps(list(jit_modules)),
         f"{LABEL_PREFIX}base-image": options.base_image,
         recipe.LAUNCH_LABEL: json.dumps(
             recipe.launch_facts(target), sort_keys=True, separators=(",", ":")
@@ -498,10 +506,10 @@ def _kernel_job(
     _ensure_kernel_builder(client, options, image_plan, context)
     return kernel_build.KernelJob(
         builder_image=image_plan.kernel_builder,
-        modules=options.jit_modules,
+        modules=image_plan.jit_modules,
         jobs=options.jit_jobs,
         job_memory_gb=target.jit_job_memory_gb,
-        packs=image_plan.kernel_packs,
+        harvested=image_plan.harvested,
         network_host=options.network_host,
     )
 
@@ -596,7 +604,7 @@ def build_image(
             shutil.copy2(kernels_wheel.path, kernels_folder / kernels_wheel.filename)
             everything = {**wheels, "kernels": kernels_wheel}
             recipe.write(
-                recipe.build_recipe(target, forks, everything, options.jit_modules), context
+                recipe.build_recipe(target, forks, everything, image_plan.jit_modules), context
             )
             if skipped:  # the very labels of the build that made the image
                 existing = client.images.get(image_plan.reference).labels or {}

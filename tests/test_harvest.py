@@ -1,5 +1,6 @@
-"""A kernel the server compiles at start-up is reported, harvested and baked into the next
-image, whose next start compiles nothing: real image, real flashinfer and nvcc, real engine.
+"""A kernel the server compiles at start-up is reported, harvested (its generator call, as
+the image's JIT journal noted it, never its compiled file) and compiled into the next image,
+whose next start compiles nothing: real image, real flashinfer and nvcc, real engine.
 
 No GPU exists here: the stand-in server (tests/standin_sglang.py, JIT_AT_START) builds a
 FlashInfer module missing from the image's list exactly as FlashInfer's JIT does at first
@@ -8,13 +9,11 @@ use (`JitSpec.build`: its ninja file, nvcc for sm_120a), without loading it.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import uuid
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from tests.test_readiness import GOOD_INFO, STANDIN
 pytestmark = pytest.mark.docker
 
 MISSING_MODULE = "silu_and_mul"  # gen_act_and_mul_module("silu"): not in the image's list
+MISSING_CALL = "flashinfer.jit.activation:gen_act_and_mul_module(act_func_name='silu')"
 
 
 def _start(docker_client, reference: str) -> tuple[str, str]:
@@ -65,7 +65,7 @@ def _harvest(builder: Builder, docker_host: str, name: str) -> subprocess.Comple
     )  # fmt: skip
 
 
-def test_a_module_compiled_at_start_is_reported_harvested_and_baked_in(
+def test_a_module_compiled_at_start_is_reported_harvested_and_compiled_into_the_next_image(
     tmp_path: Path,
     github: Upstreams,
     docker_host,
@@ -104,15 +104,15 @@ def test_a_module_compiled_at_start_is_reported_harvested_and_baked_in(
         assert harvested.returncode == 0, harvested.stderr
         pack = Path(json.loads(harvested.stdout)["pack"])
         assert pack.parent == builder.cache_dir / "kernel-packs"
-        with tarfile.open(pack) as tar:
-            record = json.load(tar.extractfile("pack.json"))
-            names = tar.getnames()
-        assert record["modules"] == [MISSING_MODULE]
+        record = packs.pack_record(pack)
+        assert record["modules"] == {MISSING_MODULE: MISSING_CALL}  # from the JIT journal
         assert record["flashinfer_version"].startswith("0.6.3+sm120.g")
         assert record["arch"] == "120a"
-        assert f"cached_ops/{MISSING_MODULE}/{MISSING_MODULE}.so" in names
-        assert f"cached_ops/{MISSING_MODULE}/.ninja_log" in names
-        assert "generated/silu_and_mul.cu" in names  # its generated source, named by build.ninja
+        compiled = docker_client.containers.get(name).get_archive(
+            f"/opt/flashinfer/.cache/flashinfer/{record['flashinfer_version']}/120a/"
+            f"cached_ops/{MISSING_MODULE}/{MISSING_MODULE}.so"
+        )[0]
+        assert b"".join(compiled)[-4096:] not in pack.read_bytes()  # names, never the .so
 
         plan = json.loads(
             builder.run(*image_args(test_base, runtime_index, "--plan", "--json")).stdout
@@ -125,7 +125,8 @@ def test_a_module_compiled_at_start_is_reported_harvested_and_baked_in(
         baked = {m["name"]: m for m in second["image"]["jit_inventory"]["modules"]}
         assert baked[MISSING_MODULE]["arch"] == ["sm_120a"]
         this_run = {m["name"]: m for m in second["image"]["kernel_build"]["modules"]}
-        assert this_run[MISSING_MODULE]["source"] == f"pack:{pack.name}"
+        assert this_run[MISSING_MODULE]["source"] == "compiled"  # here, from our own source
+        assert this_run[MISSING_MODULE]["harvested_from"] == pack.name
 
         url, name = _start(docker_client, second["image"]["reference"])
         containers.append(name)
@@ -137,76 +138,107 @@ def test_a_module_compiled_at_start_is_reported_harvested_and_baked_in(
             docker_client.containers.get(name).remove(force=True)
 
 
-def test_a_tampered_kernel_pack_fails_the_build_and_names_the_file(
+def test_a_forged_kernel_pack_fails_the_build_and_names_the_pack(
     tmp_path: Path, github: Upstreams, docker_host, docker_client, test_base, runtime_index
 ) -> None:
+    """Whoever writes a pack can give it a matching name: what it asks for is checked. A
+    call that is not a FlashInfer generator is refused before anything runs; a FlashInfer
+    call that makes another module than the pack names is refused by the kernel build."""
     builder = builder_in(tmp_path, github, docker_host)
     wheels = json.loads(builder.run("wheels", "--json").stdout)["upstreams"]
     version = wheels["flashinfer"]["wheel"]["version"]
     pack_dir = builder.cache_dir / "kernel-packs"
     module = packs.CompiledModule(version, "120a", "norm", "/unused")
-    made = packs.write_pack(
-        [module], {"cached_ops/norm/norm.so": (b"the bytes that were hashed", 0o644, 0)},
-        tmp_path / "made", "test",
-    )  # fmt: skip
-    # Same name and pack.json, other bytes for the module: as if altered on the way.
-    pack = pack_dir / made.name
-    pack_dir.mkdir(parents=True)
-    with tarfile.open(made) as source, tarfile.open(pack, "w") as tar:
-        for member in source:
-            data = source.extractfile(member).read()
-            if member.name.endswith("norm.so"):
-                data = b"not the bytes that were hashed"
-                member.size = len(data)
-            tar.addfile(member, io.BytesIO(data))
+
+    forged = packs.write_pack([module], {"norm": "os:system('touch /pwned')"}, pack_dir, "t")
+    result = builder.run(*image_args(test_base, runtime_index, "--plan"), check=False)
+    assert result.returncode == 1
+    assert f"{forged}: generator \"os:system('touch /pwned')\" is not a FlashInfer call" in (
+        result.stderr
+    )
+    forged.unlink()
+
+    wrong = "flashinfer.jit.activation:gen_act_and_mul_module(act_func_name='gelu')"
+    forged = packs.write_pack([module], {"norm": wrong}, pack_dir, "t")
     planned = json.loads(
         builder.run(*image_args(test_base, runtime_index, "--plan", "--json")).stdout
     )
     result = builder.run(*image_args(test_base, runtime_index), check=False)
     assert result.returncode == 1
-    assert "cached_ops/norm/norm.so does not match its sha256" in result.stderr
+    assert f"kernel pack {forged.name}: {wrong} makes module gelu_and_mul, not norm" in (
+        result.stderr
+    )
     with pytest.raises(ImageNotFound):
         docker_client.images.get(planned["reference"])
 
 
-def _workspace(root: Path, ninja_extra: str = "") -> Path:
+def _workspace(root: Path, journal: str = "") -> Path:
     """A FlashInfer workspace as a server leaves it (files only: what harvest reads)."""
     arch_root = root / ".cache/flashinfer/0.7.2+sm120.gabc1234/120f"
     module = arch_root / "cached_ops/norm"
     module.mkdir(parents=True)
-    (module / "norm.so").write_bytes(b"\x7fELF not really")
-    (arch_root / "generated").mkdir()
-    (arch_root / "generated/norm_inst.cu").write_text("// generated\n")
-    (module / "build.ninja").write_text(
-        f"build norm.cuda.o: compile {arch_root}/generated/norm_inst.cu{ninja_extra}\n"
-    )
+    (module / "norm.so").write_bytes(b"\x7fELF the server's own bytes")
+    (module / "build.ninja").write_text("build norm.cuda.o: compile norm.cu\n")
+    if journal:
+        (arch_root / packs.JOURNAL).write_text(journal)
     return module
 
 
-def test_harvest_takes_the_module_s_build_folders_only(tmp_path: Path) -> None:
-    _workspace(tmp_path / "ws")
+NORM_CALL = "flashinfer.jit.norm:gen_norm_module()"
+
+
+def test_harvest_keeps_each_module_s_call_never_its_files(tmp_path: Path) -> None:
+    journal = "\n".join([
+        "not json",
+        json.dumps({"name": "norm", "generator": NORM_CALL}),
+        json.dumps({"name": "other", "generator": "flashinfer.jit.x:gen_y(1, torch.float16)"}),
+        json.dumps({"name": ["odd"], "generator": NORM_CALL}),
+    ])  # fmt: skip
+    _workspace(tmp_path / "ws", journal)
     modules, pack = packs.harvest_workspace(tmp_path / "ws", tmp_path / "packs")
     assert [m.name for m in modules] == ["norm"]
-    record = packs.pack_record(pack)
-    assert set(record["files"]) == {
-        "cached_ops/norm/norm.so", "cached_ops/norm/build.ninja", "generated/norm_inst.cu"
-    }
+    assert packs.pack_record(pack)["modules"] == {"norm": NORM_CALL}
+    assert b"the server's own bytes" not in pack.read_bytes()
+    calls, problems = packs.harvested_modules([pack])
+    assert calls == {NORM_CALL: {"name": "norm", "pack": pack.name}} and problems == []
+
+    # No journal (bare metal, or a server outside builder's image): named, not guessed.
+    _workspace(tmp_path / "bare")
+    _, pack = packs.harvest_workspace(tmp_path / "bare", tmp_path / "packs2")
+    assert packs.pack_record(pack)["modules"] == {"norm": None}
+    calls, problems = packs.harvested_modules([pack])
+    assert calls == {} and "module norm was compiled at run time, but no journal" in problems[0]
 
 
-def test_harvest_never_reads_outside_the_workspace(tmp_path: Path) -> None:
-    """A network-facing server's workspace is not trusted: a link out of it, or a
-    build.ninja naming `generated/../../..`, is refused and no pack is written."""
+@pytest.mark.parametrize(
+    "call",
+    [
+        "os:system('id')",
+        "flashinfer.jit.norm:gen_norm_module(__import__('os').system('id'))",
+        "flashinfer.jit.norm:gen_norm_module(torch.load('x'))",
+        "flashinfer.jit.norm:gen_norm_module(**{'a': 1})",
+        "flashinfer.jit.norm:run_anything()",
+        "flashinfer.jit.norm:gen_norm_module() or print(1)",
+        "flashinfer.jit.norm:gen_norm_module(b'bytes')",
+    ],
+)
+def test_a_journal_that_asks_for_anything_but_a_flashinfer_call_is_refused(
+    tmp_path: Path, call: str
+) -> None:
+    """A network-facing server writes the journal: it may name a module and literal
+    arguments, nothing that runs."""
     from builder.errors import BuilderError
 
-    module = _workspace(tmp_path / "link")
-    (module / "stolen").symlink_to("/etc/hostname")
-    with pytest.raises(BuilderError, match="links or leads outside"):
-        packs.harvest_workspace(tmp_path / "link", tmp_path / "packs")
+    _workspace(tmp_path / "ws", json.dumps({"name": "norm", "generator": call}))
+    with pytest.raises(BuilderError, match="is not a FlashInfer call: refused"):
+        packs.harvest_workspace(tmp_path / "ws", tmp_path / "packs")
+    assert not (tmp_path / "packs").exists()
 
-    module = _workspace(tmp_path / "ninja")
-    arch_root = module.parent.parent
-    escape = f"{arch_root}/generated/" + "../" * len(arch_root.parts) + "etc/hostname"
-    (module / "build.ninja").write_text(f"build norm.cuda.o: compile {escape}\n")
-    with pytest.raises(BuilderError, match="outside"):
-        packs.harvest_workspace(tmp_path / "ninja", tmp_path / "packs")
-    assert not (tmp_path / "packs").exists() or not list((tmp_path / "packs").iterdir())
+
+def test_a_linked_journal_is_not_read(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text(json.dumps({"name": "norm", "generator": NORM_CALL}))
+    module = _workspace(tmp_path / "ws")
+    (module.parent.parent / packs.JOURNAL).symlink_to(elsewhere)
+    _, pack = packs.harvest_workspace(tmp_path / "ws", tmp_path / "packs")
+    assert packs.pack_record(pack)["modules"] == {"norm": None}

@@ -55,13 +55,20 @@ def cmd_jit_harvest(args: argparse.Namespace) -> None:
         modules, pack = packs.harvest_workspace(workspace, out)
         where = f"workspace {workspace}"
     names = [module.name for module in modules]
-    result = {"modules": names, "pack": str(pack) if pack else None}
+    calls = packs.pack_record(pack)["modules"] if pack else {}
+    unknown = [name for name in names if not calls.get(name)]
+    result = {"modules": names, "pack": str(pack) if pack else None, "generators": calls}
     if pack:
         lines = [
             f"harvested {len(names)} module(s) compiled at run time in {where}: {', '.join(names)}",
             f"kernel pack: {pack}",
-            "the next `builder image` with this cache bakes it in (copy it into "
-            "<cache>/kernel-packs/ on another build host)",
+            "the next `builder image` with this cache compiles them from its own flashinfer "
+            "source (copy the pack into <cache>/kernel-packs/ on another build host)",
+        ]
+        lines += [
+            f"warning: {name}: no journal named its generator call (a server without "
+            "builder's image?): add it to the target's [[jit.modules]]"
+            for name in unknown
         ]
     else:
         lines = [f"nothing to harvest: {where} compiled no FlashInfer module at run time"]
@@ -86,8 +93,8 @@ def register(sub) -> None:
         help="the FlashInfer kernel list; harvest kernels a server compiled at start-up",
         description="`list` shows the target's pre-compiled FlashInfer modules with the "
         "sglang call site that loads each, and checks them against the launch profiles. "
-        "`harvest` packs the modules a running (or stopped) server compiled itself, so the "
-        "next `builder image` bakes them in and the next start compiles nothing.",
+        "`harvest` names the modules a running (or stopped) server compiled itself, so the "
+        "next `builder image` compiles them and the next start compiles nothing.",
     )
     jit_sub = jit_cmd.add_subparsers(dest="jit_command", required=True, metavar="ACTION")
 
@@ -103,12 +110,14 @@ def register(sub) -> None:
 
     harvest = jit_sub.add_parser(
         "harvest",
-        help="pack the FlashInfer modules a server compiled at run time",
+        help="name the FlashInfer modules a server compiled at run time, for the next build",
         description="Reads what the server compiled at run time (the container's FlashInfer "
         "workspace against its image: `docker diff`, so a stopped container works too), and "
-        "writes one kernel pack: each module's .so, object files and ninja state, with "
-        "sha256s, keyed by the exact flashinfer build and arch. `builder image` bakes every "
-        "matching pack in its cache into the flashinfer stage.\n\n"
+        "writes one kernel pack: each module's name and the FlashInfer generator call that "
+        "made it (noted by the image's JIT journal), keyed by the exact flashinfer build and "
+        "arch. No compiled file of the server is kept: `builder image` compiles every module "
+        "of the matching packs in its cache from its own flashinfer source, and checks that "
+        "each call makes a module of that name.\n\n"
         "example: builder jit harvest --container sglang-glm5",
     )
     source = harvest.add_mutually_exclusive_group(required=True)

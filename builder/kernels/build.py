@@ -1,8 +1,9 @@
 """Stage 4a: the FlashInfer kernels, each compiled once, as a kernel wheel.
 
 The Dockerfile's `kernel-builder` stage (runtime + the patched flashinfer wheel + the
-warm-up script) is built first. In one container of it the warm-up (with the packs from
-`builder jit harvest`) names each module's lookup key and waits; builder brings the entries
+warm-up script) is built first. In one container of it the warm-up (the target's modules,
+and those that `builder jit harvest` found a server compiling) names each module's lookup
+key and waits; builder brings the entries
 it has for those keys (local cache, then the shared registry, pulled side by side) into
 that container, and the warm-up reuses every entry whose inputs are unchanged and compiles
 the rest. New entries go back to the cache and the registry; every module's .so goes into
@@ -33,7 +34,7 @@ WARMUP = "/opt/builder/jit_warmup.py"
 _IN, _OUT = "/kernels-in", "/kernels-out"
 _TAIL_LINES = 30
 _LOOKUPS = "jit-warmup: lookups "
-_RUN_FIELDS = ("name", "lookup", "key", "source", "reason", "compile_seconds")
+_RUN_FIELDS = ("name", "lookup", "key", "source", "reason", "compile_seconds", "harvested_from")
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class KernelJob:
     modules: tuple[str, ...]
     jobs: int
     job_memory_gb: float
-    packs: tuple[Path, ...]
+    harvested: dict[str, dict[str, str]]  # generator call -> module name and pack
     network_host: bool
 
 
@@ -124,10 +125,6 @@ def _entries_then_ready(entries: Path) -> bytes:
     return buffer.getvalue()
 
 
-def _packs(packs: tuple[Path, ...]) -> dict[str, Path]:
-    return {f"{_IN.strip('/')}/packs/{pack.name}": pack for pack in packs}
-
-
 def plan(
     client: docker.DockerClient, job: KernelJob, cache_dir: Path, shared: kernel_cache.SharedKernels
 ) -> list[dict]:
@@ -173,9 +170,8 @@ def build(
             return work / "entries"
 
         progress.info("kernels: look up each module's key")
-        out = run_warmup(
-            client, job, ["--packs", f"{_IN}/packs", "--out", _OUT], _packs(job.packs), work, bring
-        )
+        harvested = ["--harvested", json.dumps(job.harvested)] if job.harvested else []
+        out = run_warmup(client, job, [*harvested, "--out", _OUT], {}, work, bring)
         inventory = json.loads((out / "inventory.json").read_text())
         new_entries = sorted((out / "entries").glob(f"*{kernel_cache.ENTRY_SUFFIX}"))
         kernel_cache.keep(new_entries, cache_dir, shared)

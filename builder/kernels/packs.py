@@ -1,10 +1,13 @@
 """What a running server compiled anyway: `compiled_in_container` compares a server's
 FlashInfer workspace against the image's, so a kernel compiled at start-up is named, and a
-kernel pack (`builder jit harvest`) carries it into the next image.
+kernel pack (`builder jit harvest`) tells the next image build to compile it. A pack names
+modules and their generator calls; the compiled files of a network-facing server are never
+shipped on.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import json
@@ -13,10 +16,15 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.cache import partial_beside
+import docker.errors
+
+from builder import progress
+from builder.cache import atomic_write_text
 from builder.errors import BuilderError
 
-PACK_SUFFIX = ".kernel-pack.tar"
+PACK_SUFFIX = ".kernel-pack.json"
+_OLD_PACK_SUFFIX = ".kernel-pack.tar"  # before harvested .so files were recompiled
+PACK_SCHEMA = 2
 _DEFAULT_WORKSPACE = "/root"  # FlashInfer's default base is $HOME; the image sets its own
 
 
@@ -73,60 +81,82 @@ def compiled_in_workspace(workspace: Path) -> list[CompiledModule]:
     return found
 
 
+JOURNAL = "generators.jsonl"  # images/sm120/jit_journal.py writes it beside cached_ops/
+_JOURNAL_LIMIT = 4 << 20
+_MODULE_NAME = re.compile(r"[A-Za-z0-9_]{1,200}")
+_GENERATOR = re.compile(r"flashinfer(\.[a-z_][a-z0-9_]*)+:gen_\w+\(.*\)", re.DOTALL)
+_TORCH_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def check_generator(entry: str, origin: str) -> str:
+    """A harvested generator call, or a one-line refusal: a public FlashInfer `gen_*`
+    function of a `flashinfer.` module, called with literals and `torch.<dtype>` only. What
+    a server hands back names a call; it never carries code or compiled bytes."""
+    refused = BuilderError(f"{origin}: generator {entry[:200]!r} is not a FlashInfer call: refused")
+    if len(entry) > 2000 or not _GENERATOR.fullmatch(entry):
+        raise refused
+    try:
+        call = ast.parse(entry.partition(":")[2], mode="eval").body
+    except SyntaxError:
+        raise refused from None
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+        raise refused
+    for node in [*call.args, *(keyword.value for keyword in call.keywords)]:
+        constant = isinstance(node, ast.Constant) and not isinstance(node.value, bytes)
+        torch_dtype = (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "torch"
+            and _TORCH_NAME.fullmatch(node.attr)
+        )
+        if not (constant or torch_dtype):
+            raise refused
+    if any(keyword.arg is None for keyword in call.keywords):
+        raise refused
+    return entry
+
+
+def _journal(text: str, origin: str) -> dict[str, str]:
+    """{module name: generator call} from a workspace's journal; a line that is not one
+    well-formed record is skipped, a bad call refused."""
+    found = {}
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+            name, generator = record["name"], record["generator"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if isinstance(name, str) and _MODULE_NAME.fullmatch(name) and isinstance(generator, str):
+            found[name] = check_generator(generator, origin)
+    return found
+
+
 def write_pack(
-    modules: list[CompiledModule], files: dict[str, tuple[bytes, int, int]], out: Path, origin: str
+    modules: list[CompiledModule], generators: dict[str, str], out: Path, origin: str
 ) -> Path:
-    """A kernel pack: `pack.json` (flashinfer version, arch, modules, sha256 of every file)
-    and each module's whole build state (`cached_ops/<name>/`: the .so, the object files,
-    build.ninja and ninja's logs that make ninja see no work; under `generated/`, the sources
-    FlashInfer generated for it), as one tar named by its content. `files` maps paths relative to
-    `<version>/<arch>/` to (bytes, mode, mtime); mtimes are kept, ninja compares them."""
+    """A kernel pack: which modules a server had to compile itself, for which flashinfer
+    build and arch, and (where its journal named it) the generator call that makes each, as
+    one JSON file named by its content. It holds no compiled code: `builder image` compiles
+    each listed module from its own flashinfer source."""
     versions = {(m.flashinfer_version, m.arch) for m in modules}
     if len(versions) != 1:
         raise BuilderError(f"modules of several flashinfer builds or arches: {sorted(versions)}")
-    for name in files:
-        _pack_member_name(name, origin)
     ((version, arch),) = versions
     record = {
-        "schema_version": 1,
+        "schema_version": PACK_SCHEMA,
         "flashinfer_version": version,
         "arch": arch,
-        "modules": [m.name for m in modules],
         "origin": origin,
-        "files": {name: hashlib.sha256(files[name][0]).hexdigest() for name in sorted(files)},
+        "modules": {m.name: generators.get(m.name) for m in sorted(modules, key=_name)},
     }
-    body = _record_body(record)
-    key = _record_key(record)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"flashinfer-{version}-{arch}-{key}{PACK_SUFFIX}"
-    entries = {"pack.json": (body, 0o644, 0), **{name: files[name] for name in sorted(files)}}
-    with partial_beside(path) as partial, tarfile.open(
-        partial, "w", format=tarfile.PAX_FORMAT
-    ) as tar:
-        for name, (data, mode, mtime) in entries.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), mode, mtime
-            tar.addfile(info, io.BytesIO(data))
+    path = out / f"flashinfer-{version}-{arch}-{_record_key(record)}{PACK_SUFFIX}"
+    atomic_write_text(path, _record_body(record).decode())
     return path
 
 
-_PACK_FOLDERS = (("cached_ops",), ("generated",))
-
-
-def _pack_member_name(name: str, origin: str) -> str:
-    """A pack holds `cached_ops/...` and `generated/...` under the arch folder, nothing else:
-    what a server's workspace hands over never names a file outside it."""
-    parts = Path(name).parts
-    if Path(name).is_absolute() or ".." in parts or parts[:1] not in _PACK_FOLDERS:
-        raise BuilderError(f"{origin}: {name!r} lies outside the module's build folders: refused")
-    return name
-
-
-def _inside(path: Path, root: Path, origin: str) -> Path:
-    """`path`, a plain file under `root` (no link, no `..` out of it)."""
-    if path.is_symlink() or not path.resolve().is_relative_to(root.resolve()):
-        raise BuilderError(f"{origin}: {path} links or leads outside {root}: refused")
-    return path
+def _name(module: CompiledModule) -> str:
+    return module.name
 
 
 def _record_body(record: dict) -> bytes:
@@ -134,27 +164,9 @@ def _record_body(record: dict) -> bytes:
 
 
 def _record_key(record: dict) -> str:
-    """A pack's name ends in this: its pack.json names every file by sha256, so the name
-    stands for the content, and `builder image` keys on names without reading the tars."""
+    """A pack's name ends in this, so the name stands for the content, and `builder image`
+    keys its flashinfer stage on names."""
     return hashlib.sha256(_record_body(record)).hexdigest()[:12]
-
-
-def _generated_sources(build_ninja: bytes, arch_root: str) -> list[str]:
-    """Sources FlashInfer generated for a module (`<arch root>/generated/...`), as its
-    build.ninja names them: they are part of its build state."""
-    pattern = re.escape(f"{arch_root}/generated/") + r"[^\s:$|]+"
-    return sorted(set(re.findall(pattern, build_ninja.decode(errors="replace"))))
-
-
-def _tar_files(stream: bytes, prefix: str) -> dict[str, tuple[bytes, int, int]]:
-    files = {}
-    with tarfile.open(fileobj=io.BytesIO(stream)) as tar:
-        for member in tar:
-            if member.isfile():
-                data = tar.extractfile(member).read()
-                name = _pack_member_name(f"{prefix}/{member.name}", "container archive")
-                files[name] = (data, member.mode, int(member.mtime))
-    return files
 
 
 def harvest_container(container, out: Path) -> tuple[list[CompiledModule], Path | None]:
@@ -162,20 +174,19 @@ def harvest_container(container, out: Path) -> tuple[list[CompiledModule], Path 
     modules = compiled_in_container(container)
     if not modules:
         return [], None
-    files = {}
-    for module in modules:
-        arch_root = module.directory.rsplit("/cached_ops/", 1)[0]
-        chunks, _ = container.get_archive(module.directory)
-        # get_archive names entries after the folder it was given: `<name>/...`.
-        built = _tar_files(b"".join(chunks), "cached_ops")
-        files.update(built)
-        ninja, _, _ = built.get(f"cached_ops/{module.name}/build.ninja", (b"", 0, 0))
-        for source in _generated_sources(ninja, arch_root):
-            chunks, _ = container.get_archive(source)
-            folder = str(Path(source).parent.relative_to(arch_root))
-            files.update(_tar_files(b"".join(chunks), folder))
     origin = f"container {container.name} of image {container.attrs['Config']['Image']}"
-    return modules, write_pack(modules, files, out, origin)
+    generators: dict[str, str] = {}
+    for arch_root in sorted({m.directory.rsplit("/cached_ops/", 1)[0] for m in modules}):
+        try:
+            chunks, _ = container.get_archive(f"{arch_root}/{JOURNAL}")
+        except docker.errors.NotFound:
+            continue
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            member = next((m for m in tar if m.isfile() and m.size <= _JOURNAL_LIMIT), None)
+            if member is not None:
+                text = tar.extractfile(member).read().decode(errors="replace")
+                generators.update(_journal(text, f"{origin}: {JOURNAL}"))
+    return modules, write_pack(modules, generators, out, origin)
 
 
 def harvest_workspace(workspace: Path, out: Path) -> tuple[list[CompiledModule], Path | None]:
@@ -183,21 +194,15 @@ def harvest_workspace(workspace: Path, out: Path) -> tuple[list[CompiledModule],
     modules = compiled_in_workspace(workspace)
     if not modules:
         return [], None
-    files = {}
     origin = f"workspace {workspace}"
-    for module in modules:
-        folder = Path(module.directory)
-        arch_root = folder.parent.parent
-        paths = [p for p in sorted(folder.rglob("*")) if p.is_file() or p.is_symlink()]
-        paths += map(
-            Path, _generated_sources((folder / "build.ninja").read_bytes(), str(arch_root))
-        )
-        for path in paths:
-            _inside(path, arch_root, origin)
-            stat = path.stat()
-            name = str(path.relative_to(arch_root))
-            files[name] = (path.read_bytes(), stat.st_mode & 0o777, int(stat.st_mtime))
-    return modules, write_pack(modules, files, out, origin)
+    generators: dict[str, str] = {}
+    for arch_root in sorted({Path(m.directory).parent.parent for m in modules}):
+        journal = arch_root / JOURNAL
+        if journal.is_file() and not journal.is_symlink():
+            if journal.stat().st_size > _JOURNAL_LIMIT:
+                raise BuilderError(f"{journal}: larger than {_JOURNAL_LIMIT} bytes: refused")
+            generators.update(_journal(journal.read_text(errors="replace"), str(journal)))
+    return modules, write_pack(modules, generators, out, origin)
 
 
 def packs_dir(cache_dir: Path) -> Path:
@@ -206,23 +211,52 @@ def packs_dir(cache_dir: Path) -> Path:
 
 
 def pack_record(path: Path) -> dict:
-    with tarfile.open(path) as tar:
-        member = tar.extractfile("pack.json")
-        return json.loads(member.read()) if member else {}
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BuilderError(f"{path}: not a kernel pack ({exc})") from None
+    if not isinstance(record, dict) or record.get("schema_version") != PACK_SCHEMA:
+        raise BuilderError(f"{path}: not a kernel pack of schema {PACK_SCHEMA}")
+    return record
 
 
 def packs_for(directory: Path, flashinfer_version: str, arch_list: tuple[str, ...]) -> list[Path]:
     """The kernel packs in `directory` made by exactly this flashinfer build, for an arch of
     the target (FlashInfer names the arch folder `120a` for `12.0a`)."""
     arches = {arch.replace(".", "") for arch in arch_list}
+    for old in sorted(directory.glob(f"*{_OLD_PACK_SUFFIX}")):
+        progress.warn(
+            f"{old}: a kernel pack of compiled files, which builder no longer ships as they "
+            "are: skipped (run `builder jit harvest` again, or delete it)"
+        )
     found = []
     for path in sorted(directory.glob(f"*{PACK_SUFFIX}")):
-        try:
-            record = pack_record(path)
-        except (tarfile.TarError, KeyError, ValueError) as exc:
-            raise BuilderError(f"{path}: not a kernel pack ({exc})") from None
+        record = pack_record(path)
         if record.get("flashinfer_version") == flashinfer_version and record.get("arch") in arches:
             if not path.name.endswith(f"-{_record_key(record)}{PACK_SUFFIX}"):
-                raise BuilderError(f"{path}: its name does not match its pack.json (edited?)")
+                raise BuilderError(f"{path}: its name does not match its content (edited?)")
             found.append(path)
     return found
+
+
+def harvested_modules(paths: list[Path]) -> tuple[dict[str, dict[str, str]], list[str]]:
+    """({generator call: {"name": module, "pack": pack file name}}, problems): every module
+    the packs name with a checked generator call; a module without one is a problem line
+    (its server compiled it, but no journal said how: add it to the target's list)."""
+    calls: dict[str, dict[str, str]] = {}
+    problems = []
+    for path in paths:
+        modules = pack_record(path).get("modules")
+        if not isinstance(modules, dict):
+            raise BuilderError(f"{path}: not a kernel pack (no modules)")
+        for name, generator in sorted(modules.items()):
+            if not _MODULE_NAME.fullmatch(str(name)):
+                raise BuilderError(f"{path}: module name {str(name)[:80]!r} refused")
+            if generator is None:
+                problems.append(
+                    f"{path.name}: module {name} was compiled at run time, but no journal "
+                    "named its generator call: add it to the target's [[jit.modules]]"
+                )
+                continue
+            calls[check_generator(str(generator), str(path))] = {"name": name, "pack": path.name}
+    return calls, problems

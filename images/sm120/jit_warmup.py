@@ -84,13 +84,21 @@ def generator_argument(node: ast.expr, entry: str):
     if torch_name and node.value.id == "torch":
         import torch
 
-        return getattr(torch, node.attr)
+        value = getattr(torch, node.attr, None)
+        if isinstance(value, torch.dtype):
+            return value
     fail(f"module entry '{entry}': arguments must be literals or torch.<dtype>")
 
 
-def load_spec(entry: str):
-    """`package.module:gen_function` or `package.module:gen_function(arg, ...)` -> JitSpec."""
+def load_spec(entry: str, harvested: dict | None = None):
+    """`package.module:gen_function` or `package.module:gen_function(arg, ...)` -> JitSpec.
+    A `harvested` entry (from a kernel pack) must be a FlashInfer `gen_*` call that makes
+    the module the pack names."""
     module_name, _, call = entry.partition(":")
+    if harvested is not None and not (
+        module_name.startswith("flashinfer.") and call.strip().startswith("gen_")
+    ):
+        fail(f"kernel pack {harvested['pack']}: {entry} is not a FlashInfer generator: refused")
     try:
         parsed = ast.parse(call.strip(), mode="eval").body
     except SyntaxError:
@@ -105,7 +113,13 @@ def load_spec(entry: str):
         fail(f"cannot load generator {entry}: {exc}")
     args = [generator_argument(node, entry) for node in parsed.args]
     kwargs = {kw.arg: generator_argument(kw.value, entry) for kw in parsed.keywords}
-    return generator(*args, **kwargs)
+    spec = generator(*args, **kwargs)
+    if harvested is not None and spec.name != harvested["name"]:
+        fail(
+            f"kernel pack {harvested['pack']}: {entry} makes module {spec.name}, "
+            f"not {harvested['name']}: refused"
+        )
+    return spec
 
 
 def ninja_command(spec, jobs: int, *extra: str) -> list[str]:
@@ -263,52 +277,6 @@ def age_build_inputs() -> None:
         for path in Path(package.__file__).parent.rglob("*"):
             if path.is_file() and not path.is_symlink():
                 os.utime(path, (_OLD_MTIME, _OLD_MTIME))
-
-
-_PACK_FOLDERS = ("cached_ops", "generated")  # relative to FlashInfer's <version>/<arch>/
-
-
-def bake_packs(directory: Path) -> dict[str, str]:
-    """Unpack every kernel pack in `directory` into FlashInfer's workspace, each file
-    checked against the sha256 in its pack.json; a pack for another flashinfer build or
-    arch is refused. Returns {module name: pack file name}."""
-    import flashinfer
-    from flashinfer.jit import env as jit_env
-
-    arch_root = Path(jit_env.FLASHINFER_JIT_DIR).parent
-    baked = {}
-    for pack in sorted(directory.glob("*.kernel-pack.tar")):
-        with tarfile.open(pack) as tar:
-            record = json.load(tar.extractfile("pack.json"))
-            if (record["flashinfer_version"], record["arch"]) != (
-                flashinfer.__version__,
-                arch_root.name,
-            ):
-                fail(
-                    f"kernel pack {pack.name} is for flashinfer {record['flashinfer_version']} "
-                    f"arch {record['arch']}; this image has {flashinfer.__version__} "
-                    f"arch {arch_root.name}"
-                )
-            for member in tar:
-                if member.name == "pack.json":
-                    continue
-                expected = record["files"].get(member.name)
-                parts = Path(member.name).parts
-                allowed = parts and parts[0] in _PACK_FOLDERS and ".." not in parts
-                if not member.isfile() or expected is None or not allowed:
-                    fail(f"kernel pack {pack.name}: unexpected entry {member.name}")
-                data = tar.extractfile(member).read()
-                if hashlib.sha256(data).hexdigest() != expected:
-                    fail(f"kernel pack {pack.name}: {member.name} does not match its sha256")
-                target = arch_root / member.name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
-                target.chmod(member.mode & 0o777)
-                os.utime(target, (member.mtime, member.mtime))
-        for module in record["modules"]:
-            baked[module] = pack.name
-        print(f"jit-warmup: unpacked {', '.join(record['modules'])} from {pack.name}", flush=True)
-    return baked
 
 
 ENTRY_SUFFIX = ".kernel.tar"
@@ -546,8 +514,10 @@ def main() -> None:
     parser.add_argument("--job-memory-gb", type=float, default=6.0, help="peak memory per job")
     parser.add_argument("--inventory", required=True, type=Path)
     parser.add_argument(
-        "--packs", type=Path, help="folder of kernel packs (builder jit harvest) to unpack first"
-    )
+        "--harvested", default="{}",
+        help='JSON {"generator entry": {"name": module, "pack": pack file}} from kernel packs '
+        "(builder jit harvest): each entry must make a module of that name",
+    )  # fmt: skip
     parser.add_argument("--entries", type=Path, help="folder of entries from earlier builds")
     parser.add_argument("--out", type=Path, help="write each .so and the new entries here")
     parser.add_argument(
@@ -581,8 +551,12 @@ def main() -> None:
     compiler = nvcc_version()
     if not args.plan:  # only a compile reads mtimes
         age_build_inputs()
-    baked = bake_packs(args.packs) if args.packs and args.packs.is_dir() else {}
-    specs = {name: load_spec(name) for name in names}
+    try:
+        harvested = dict(json.loads(args.harvested))
+    except (ValueError, TypeError):
+        fail(f"--harvested must be a JSON object, not {args.harvested!r}")
+    names += [entry for entry in harvested if entry not in names]
+    specs = {name: load_spec(name, harvested.get(name)) for name in names}
     lookups = {name: lookup_key(spec, compiler, arch_list) for name, spec in specs.items()}
     if args.await_entries:
         print(f"jit-warmup: lookups {json.dumps(list(lookups.values()))}", flush=True)
@@ -613,7 +587,7 @@ def main() -> None:
             entry = prove(name, spec.name, Path(spec.build_dir), wanted, expects_device_code=device)
             inputs = recorded_inputs(spec)
             entry.update(lookup=lookups[name], key=content_key(lookups[name], inputs))
-            entry["source"] = f"pack:{baked[spec.name]}" if spec.name in baked else "compiled"
+            entry["source"] = "compiled"
             entry["compile_seconds"] = round(seconds[name], 1)
             built = Path(spec.build_dir) / f"{spec.name}.so"
             if args.out:
@@ -629,23 +603,12 @@ def main() -> None:
             entry.update(lookup=record["lookup"], key=record["key"], source="reused",
                          compile_seconds=0.0)  # fmt: skip
         entry["reason"] = reason
+        if name in harvested:
+            entry["harvested_from"] = harvested[name]["pack"]
         if args.out:
             keep(built, args.out / "modules" / spec.name / f"{spec.name}.so")
         inventory.append(entry)
 
-    from flashinfer.jit import env as jit_env
-
-    listed = {entry["name"] for entry in inventory}
-    for module, pack in baked.items():
-        if module not in listed:
-            build_dir = Path(jit_env.FLASHINFER_JIT_DIR) / module
-            device = ": cuda_compile " in (build_dir / "build.ninja").read_text()
-            entry = prove(f"kernel pack {pack}", module, build_dir, wanted,
-                          expects_device_code=device)  # fmt: skip
-            entry.update(source=f"pack:{pack}", compile_seconds=0.0, reason="from a kernel pack")
-            if args.out:
-                keep(build_dir / f"{module}.so", args.out / "modules" / module / f"{module}.so")
-            inventory.append(entry)
     result = {
         "arch_list": arch_list,
         "nvcc_version": compiler,
