@@ -40,6 +40,7 @@ def build_manifest(
     published: dict[str, list[dict]] | None = None,
     launch: dict[str, dict] | None = None,
     created: str | None = None,
+    builder_wheel: BuiltWheel | None = None,
 ) -> dict:
     upstreams = {}
     for name, fork in forks.items():
@@ -58,8 +59,8 @@ def build_manifest(
             "fork_branch": fork.branch,
             "submodules": {s.path: s.commit for s in fork.checkout.submodules},
         }
-    wheel_records = {
-        name: {
+    def wheel_record(name: str, wheel: BuiltWheel) -> dict:
+        return {
             "filename": wheel.filename,
             "dist_name": wheel.dist_name,
             "version": wheel.version,
@@ -67,8 +68,8 @@ def build_manifest(
             "size": wheel.size,
             "published": (published or {}).get(name, []),
         }
-        for name, wheel in wheels.items()
-    }
+
+    own = {"builder_wheel": wheel_record("builder", builder_wheel)} if builder_wheel else {}
     return {
         "schema_version": SCHEMA_VERSION,
         "created": created or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -82,7 +83,8 @@ def build_manifest(
             "arch_list": list(target.arch_list),
         },
         "upstreams": upstreams,
-        "wheels": wheel_records,
+        "wheels": {name: wheel_record(name, wheel) for name, wheel in wheels.items()},
+        **own,
         "image": image,
         "image_options": image_options,
         "jit_cache": (image or {}).get("jit_inventory"),

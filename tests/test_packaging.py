@@ -9,6 +9,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import builder
+from builder import self_wheel
 from tests.conftest import REPO_ROOT
 
 
@@ -66,3 +68,19 @@ for words in walk(builder.cli.build_parser(), []):
     assert "usage: builder " + " ".join(words) in shown.getvalue(), words
     print("/".join(words))
 """
+
+
+def test_builder_s_own_wheel_is_named_by_its_sources_and_made_the_same_twice(
+    tmp_path: Path,
+) -> None:
+    """What `publish` uploads beside the patched wheels: a changed builder is a new
+    version, never a second file under an old name."""
+    first = self_wheel.build(tmp_path / "one")
+    second = self_wheel.build(tmp_path / "two")
+    assert first.version == self_wheel.source_version(REPO_ROOT)
+    assert first.version.startswith(f"{builder.__version__}+src.")
+    assert (first.filename, first.sha256) == (second.filename, second.sha256)
+    assert self_wheel.build(tmp_path / "one").cached
+    with zipfile.ZipFile(first.path) as archive:
+        init = archive.read("builder/__init__.py").decode()
+    assert f'__version__ = "{first.version}"' in init

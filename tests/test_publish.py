@@ -75,13 +75,24 @@ def test_upload_then_pip_installs_the_sm120_wheels(built, index, tmp_path) -> No
     manifest = json.loads(Path(json.loads(result.stdout)["manifest"]).read_text())
     assert manifest["wheels"]["sglang"]["published"] == published["sglang"]
     assert manifest["image"] is None
+    # builder itself, so the VM installs it from here: named by its sources' sha256.
+    own = manifest["builder_wheel"]
+    assert own["version"].startswith("0.1.0+src.") and "builder" not in manifest["wheels"]
+    assert published["builder"][0]["sha256"] == own["sha256"]
 
     python = _fresh_venv(tmp_path / "venv")
     installed = _pip_install(
-        python, "--index-url", f"{url}simple/", "sglang==0.5.9", "flashinfer-python==0.6.3"
-    )
+        python, "--index-url", f"{url}simple/", "sglang==0.5.9", "flashinfer-python==0.6.3",
+        f"builder=={own['version']}",
+    )  # fmt: skip
     assert installed["sglang"] == wheels["sglang"]["version"]
     assert installed["flashinfer-python"] == wheels["flashinfer"]["version"]
+    assert installed["builder"] == own["version"]
+    shown = subprocess.run(
+        [str(python), "-c", "import builder; print(builder.__version__)"],
+        capture_output=True, text=True, check=True, cwd=tmp_path,
+    ).stdout  # fmt: skip
+    assert shown.strip() == own["version"]
 
     again = json.loads(
         builder.run("publish", "--publish-index", url, "--json", env=_creds()).stdout
@@ -181,7 +192,10 @@ def test_static_index_keeps_earlier_wheels(built, tmp_path) -> None:
     assert new != wheels["sglang"]["filename"]
     page = (static / "simple/sglang/index.html").read_text()
     assert wheels["sglang"]["filename"] in page and new in page
-    assert {p.name for p in (static / "files").iterdir()} == {wheels["sglang"]["filename"], new}
+    files = {p.name for p in (static / "files").iterdir()}
+    own = {name for name in files if name.startswith("builder-")}
+    assert len(own) == 1  # builder's sources did not change between the two runs
+    assert files - own == {wheels["sglang"]["filename"], new}
 
 
 def test_the_kernel_wheel_published_is_the_one_the_image_manifest_names(built, tmp_path) -> None:

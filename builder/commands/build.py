@@ -18,6 +18,7 @@ from builder import (
     provenance,
     publish,
     registry,
+    self_wheel,
     validate,
 )
 from builder.cache import atomic_copy, locked, sha256_file
@@ -213,10 +214,10 @@ def cmd_image(args: argparse.Namespace) -> None:
         result.pushed = registry.push(client, result.reference, args.push)
     publish_error = None
     try:
-        published = _publish(args, wheels)
+        published, own_wheel = _publish(args, wheels, ctx.cache_dir)
     except BuilderError as exc:
         # The image and its push happened: record them, then report the failed publish.
-        published, publish_error = None, exc
+        published, own_wheel, publish_error = None, None, exc
     image_record = result.to_json()
     reference = result.pushed["reference"] if result.pushed else result.reference
     record = manifest.build_manifest(
@@ -227,6 +228,7 @@ def cmd_image(args: argparse.Namespace) -> None:
         image_options=image.options_record(options),
         published=published,
         launch=launch.all_recipes(target.file, reference),
+        builder_wheel=own_wheel,
     )
     written = manifest.write(
         manifest.manifest_dir(ctx.data_dir, args.manifest_dir, target.name),
@@ -386,10 +388,22 @@ def _check_publish_args(args: argparse.Namespace) -> None:
         validate.writable_dir("--publish-static", args.publish_static)
 
 
-def _publish(args: argparse.Namespace, wheels: dict) -> dict[str, list[dict]]:
-    """Publish where the flags say; {wheel name: [verified records]}."""
-    published: dict[str, list[dict]] = {name: [] for name in wheels}
-    ordered = list(wheels.values())
+def _publish(
+    args: argparse.Namespace, wheels: dict, cache_dir: Path
+) -> tuple[dict[str, list[dict]], BuiltWheel | None]:
+    """Publish where the flags say, builder's own wheel too (the VM installs builder from
+    the same index); ({wheel name: [verified records]}, builder's wheel or None)."""
+    if not (args.publish or args.publish_repository or args.publish_static):
+        return {name: [] for name in wheels}, None
+    own = self_wheel.build(cache_dir)
+    if own is None:
+        progress.warn(
+            "builder runs from an installed wheel, not a checkout: its own wheel is not "
+            "published (publish from a checkout, or upload that wheel yourself)"
+        )
+    everything = {**wheels, **({"builder": own} if own else {})}
+    published: dict[str, list[dict]] = {name: [] for name in everything}
+    ordered = list(everything.values())
     upload_url = args.publish
     if args.publish_repository and not upload_url:
         upload_url = publish.pypirc_url(args.publish_repository)
@@ -402,7 +416,7 @@ def _publish(args: argparse.Namespace, wheels: dict) -> dict[str, list[dict]]:
     if args.publish_static:
         for name, record in publish.publish_static(ordered, Path(args.publish_static)).items():
             published[name].append(record)
-    return published
+    return published, own
 
 
 def _publish_options(command: argparse.ArgumentParser, *old_names: str) -> None:
@@ -462,8 +476,10 @@ def cmd_publish(args: argparse.Namespace) -> None:
             "no image manifest of this flashinfer build names a kernel wheel yet (`builder "
             "image` makes one): publishing without kernels, so a plain venv compiles them"
         )
-    published = _publish(args, wheels)
-    record = manifest.build_manifest(ctx.target, forks, wheels, published=published)
+    published, own_wheel = _publish(args, wheels, ctx.cache_dir)
+    record = manifest.build_manifest(
+        ctx.target, forks, wheels, published=published, builder_wheel=own_wheel
+    )
     tag = "publish-" + "-".join(f.fork_commit[:7] for f in forks.values())
     written = manifest.write(
         manifest.manifest_dir(ctx.data_dir, args.manifest_dir, ctx.target.name), record, tag
