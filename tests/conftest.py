@@ -27,6 +27,14 @@ from tests.services import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+
+def validate_manifest(manifest: dict) -> None:
+    """Against manifests/schema-v1.json, the contract a manifest's readers rely on."""
+    import jsonschema
+
+    schema = json.loads((REPO_ROOT / "manifests/schema-v1.json").read_text())
+    jsonschema.validate(manifest, schema, format_checker=jsonschema.FormatChecker())
+
 # The integration suite builds the sm120 image family from what PyPI has as source: the
 # sglang 0.5.9 and flashinfer 0.6.3 sdists, i.e. target sm120-0.5.9. Every builder run in
 # it (in-process or not) defaults to that target; tests of the current target (sglang

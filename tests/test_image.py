@@ -25,6 +25,7 @@ from tests.conftest import (  # noqa: F401 (image_args and WARM_MODULES: importe
     container_events,
     fresh_second,
     image_args,
+    validate_manifest,
 )
 from tests.services import IMAGE_RUNTIME_REQUIREMENTS
 
@@ -263,20 +264,13 @@ def test_docker_daemon_down_is_one_line(builder: Builder) -> None:
     assert answer["error"].startswith("cannot reach the Docker daemon")
 
 
-def _validate(manifest: dict) -> None:
-    import jsonschema
-
-    schema = json.loads((REPO_ROOT / "manifests/schema-v1.json").read_text())
-    jsonschema.validate(manifest, schema, format_checker=jsonschema.FormatChecker())
-
-
 def test_manifest_records_exactly_what_was_built(built, docker_client) -> None:
     import hashlib
 
     builder, image, first_manifest = built
     manifests = builder.data_dir / "manifests" / "sm120-0.5.9"
     manifest = json.loads(first_manifest.read_text())
-    _validate(manifest)
+    validate_manifest(manifest)
     assert manifest["image"]["image_id"] == docker_client.images.get(image["reference"]).id
     assert manifest["image"]["pushed"] is None, "nothing was pushed: nothing claimed"
     assert manifest["jit_cache"] == image["jit_inventory"]
@@ -313,7 +307,7 @@ def test_pushed_manifest_has_the_registry_digest_and_no_secret(
     args = image_args(test_base, runtime_index, "--push", repository, "--json")
     result = json.loads(builder.run(*args, env=REGISTRY_ENV).stdout)
     manifest = json.loads(Path(result["manifest"]).read_text())
-    _validate(manifest)
+    validate_manifest(manifest)
     digest = docker_client.images.get_registry_data(
         f"{repository}:{manifest['image']['pushed']['tag']}",
         auth_config={"username": REGISTRY_USER, "password": REGISTRY_PASSWORD},

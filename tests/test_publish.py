@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Builder, Upstreams, make_data_dir
+from tests.conftest import Builder, Upstreams, make_data_dir, validate_manifest
 from tests.services import start_pypiserver
 
 USER, PASSWORD = "uploader", "index-s3cret-Token"
@@ -79,6 +79,7 @@ def test_upload_then_pip_installs_the_sm120_wheels(built, index, tmp_path) -> No
     own = manifest["builder_wheel"]
     assert own["version"].startswith("0.1.0+src.") and "builder" not in manifest["wheels"]
     assert published["builder"][0]["sha256"] == own["sha256"]
+    validate_manifest(manifest)
 
     python = _fresh_venv(tmp_path / "venv")
     installed = _pip_install(
