@@ -225,7 +225,7 @@ def test_the_committed_sm120_lock_satisfies_the_wheels_and_a_stale_one_is_refuse
     assert builder.run("lock", "--check").returncode == 0
     stale = tmp_path / "stale-lock.txt"
     stale.write_text(lock.read_text().replace("\ntorch==2.9.1 ", "\ntorch==2.8.0 "))
-    refused = builder.run("lock", "--check", "--output", str(stale), check=False)
+    refused = builder.run("lock", "--check", "--out", str(stale), check=False)
     assert refused.returncode == 1
     assert refused.stderr.strip().splitlines()[-1] == (
         f"error: {stale}: stale lock: torch==2.9.1 is not met by its torch==2.8.0; "

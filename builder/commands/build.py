@@ -626,8 +626,12 @@ def register(sub) -> None:
         "--check", action="store_true", help="only check the lock against the wheels; write nothing"
     )
     lock_cmd.add_argument(
-        "--output", metavar="FILE", help="where to write it (default: the target's [image] lock)"
+        "--out",
+        dest="output",
+        metavar="FILE",
+        help="where to write it (default: the target's [image] lock)",
     )
+    lock_cmd.add_argument("--output", dest="output", help=argparse.SUPPRESS)  # its old name
     lock_cmd.add_argument(
         "--runtime-requirements",
         metavar="FILE",
