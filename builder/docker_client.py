@@ -12,20 +12,44 @@ from docker.errors import DockerException
 
 from builder.errors import Unreachable
 
+_PING_SECONDS = 10
+_CALL_SECONDS = 600  # a build step or a push can be slow; answering a ping is not
+
 
 def connect() -> docker.DockerClient:
-    """A client for DOCKER_HOST (or the default socket), checked with a ping."""
+    """A client for DOCKER_HOST (or the default socket), checked with a short ping."""
     where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     try:
-        client = docker.from_env(timeout=600)
+        client = docker.from_env(timeout=_PING_SECONDS)
         client.ping()
     except DockerException as exc:
         raise Unreachable(
-            f"cannot reach the Docker daemon at {where} ({exc.__class__.__name__}): "
-            "start one (`systemctl start docker`; without systemd: `sudo dockerd &`; not "
-            "installed: `apt-get install docker.io`) or set DOCKER_HOST to a running one's socket"
+            f"cannot reach the Docker daemon at {where}: {_cause(exc, where)}"
         ) from None
+    client.api.timeout = _CALL_SECONDS
     return client
+
+
+def _cause(exc: DockerException, where: str) -> str:
+    """What went wrong, and the fix for that, not for every possible case."""
+    text = str(exc)
+    socket = where.removeprefix("unix://")
+    if "FileNotFoundError" in text or "No such file" in text:
+        return (
+            f"no socket at {socket}, so no daemon is running: start one (`systemctl start "
+            "docker`; without systemd: `sudo dockerd &`; not installed: `apt-get install "
+            "docker.io`) or set DOCKER_HOST to a running one's socket"
+        )
+    if "PermissionError" in text or "Permission denied" in text:
+        return (
+            f"permission denied on {socket}: run as a member of its group (`sudo usermod -aG "
+            "docker $USER`, then log in again) or as root"
+        )
+    if "ConnectionRefusedError" in text or "Connection refused" in text:
+        return "nothing answers there (the daemon stopped, or DOCKER_HOST names the wrong place)"
+    if "timed out" in text.lower() or "Timeout" in text:
+        return f"no answer within {_PING_SECONDS} s (the daemon is hung or overloaded)"
+    return f"{exc.__class__.__name__}: {text.splitlines()[0][:200] if text else ''}"
 
 
 def timestamp(stamp: str) -> datetime:

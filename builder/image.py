@@ -213,6 +213,45 @@ def _base_identity(client: docker.DockerClient, reference: str) -> tuple[str, st
     return image.id, (digests[0] if digests else None)
 
 
+def _jit_modules(
+    target: Target, wheels: dict[str, BuiltWheel], options: ImageOptions
+) -> tuple[tuple[str, ...], dict[str, dict[str, str]]]:
+    """The target's modules, then the calls kernel packs name (a server compiled them)."""
+    kernel_packs = (
+        packs.packs_for(options.kernel_packs_dir, wheels["flashinfer"].version, target.arch_list)
+        if options.kernel_packs_dir and options.kernel_packs_dir.is_dir()
+        else []
+    )
+    harvested, unresolved = packs.harvested_modules(kernel_packs)
+    for problem in unresolved:
+        progress.warn(problem)
+    listed = options.jit_modules
+    return (*listed, *(call for call in harvested if call not in listed)), harvested
+
+
+def local_plan(target: Target, wheels: dict[str, BuiltWheel], options: ImageOptions) -> dict:
+    """What a build would take, from this machine alone (no Docker daemon): the wheels, the
+    runtime lock (checked current) and the kernel modules. The tag and what rebuilds are
+    not known without a daemon: the tag hashes the base image's id, and reuse of each
+    kernel is decided in a container of the kernel-builder stage."""
+    runtime_lock = _runtime_lock(target, wheels, options)
+    modules, harvested = _jit_modules(target, wheels, options)
+    return {
+        "reference": None,
+        "repository": target.image.repository,
+        "base_image": options.base_image,
+        "wheels": {name: wheel.filename for name, wheel in wheels.items()},
+        "runtime_lock": {
+            "file": str(options.runtime_requirements or target.image.lock),
+            "packages": len(runtime_lock.packages),
+        },
+        "kernels": [
+            {"generator": call, "harvested_from": harvested.get(call, {}).get("pack")}
+            for call in modules
+        ],
+    }
+
+
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
 
@@ -248,15 +287,7 @@ def plan(
             "pip": [options.pip_index_url, options.pip_extra_index_url],
         }
     )
-    kernel_packs = (
-        packs.packs_for(options.kernel_packs_dir, wheels["flashinfer"].version, target.arch_list)
-        if options.kernel_packs_dir and options.kernel_packs_dir.is_dir()
-        else []
-    )
-    harvested, unresolved = packs.harvested_modules(kernel_packs)
-    for problem in unresolved:
-        progress.warn(problem)
-    jit_modules = (*options.jit_modules, *(c for c in harvested if c not in options.jit_modules))
+    jit_modules, harvested = _jit_modules(target, wheels, options)
     flashinfer_key = content_key(
         {
             "runtime": runtime_key,

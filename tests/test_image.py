@@ -14,10 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from builder import lock
+from builder.target import load_target
 from tests.conftest import (  # noqa: F401 (image_args and WARM_MODULES: imported from here)
     REGISTRY_PASSWORD,
     REGISTRY_USER,
     REPO_ROOT,
+    STACK_TARGET,
     WARM_MODULES,
     Builder,
     Upstreams,
@@ -254,14 +257,43 @@ def test_failing_build_step_names_the_step_and_leaves_no_tag(
 def test_docker_daemon_down_is_one_line(builder: Builder) -> None:
     """Could not check (9) is not "checked and found wrong" (1); --json says so too."""
     result = builder.run(
-        "image", "--plan", "--json", env={"DOCKER_HOST": "unix:///nonexistent.sock"},
-        check=False,
+        "image", "--json", env={"DOCKER_HOST": "unix:///nonexistent.sock"}, check=False
     )  # fmt: skip
     assert result.returncode == 9
-    assert "error: cannot reach the Docker daemon at unix:///nonexistent.sock" in result.stderr
+    assert "error: cannot reach the Docker daemon at unix:///nonexistent.sock: no socket" in (
+        result.stderr
+    )
     answer = json.loads(result.stdout)
     assert answer["ok"] is False and answer["exit_code"] == 9
     assert answer["error"].startswith("cannot reach the Docker daemon")
+
+
+def test_a_daemon_that_does_not_answer_is_named_with_its_cause(builder: Builder) -> None:
+    """Not "start one" for every case: the socket's absence, a refused connection."""
+    for where, cause in [
+        ("tcp://127.0.0.1:1", "nothing answers there"),
+        (f"unix://{builder.data_dir}/no.sock", f"no socket at {builder.data_dir}/no.sock"),
+    ]:
+        result = builder.run("image", env={"DOCKER_HOST": where}, check=False)
+        assert result.returncode == 9
+        assert f"error: cannot reach the Docker daemon at {where}: {cause}" in result.stderr
+
+
+def test_plan_without_a_daemon_says_what_is_known_from_this_machine(builder: Builder) -> None:
+    """The wheels, the runtime lock (checked current) and the kernel list need no daemon;
+    the tag (it hashes the base image's id) and what is cached do, and it says so."""
+    result = builder.run(
+        "image", "--plan", "--json", env={"DOCKER_HOST": "unix:///nonexistent.sock"}
+    )  # fmt: skip
+    plan = json.loads(result.stdout)
+    target = load_target(builder.data_dir, STACK_TARGET)
+    assert plan["reference"] is None and "no socket at /nonexistent.sock" in plan["daemon"]
+    assert [k["generator"] for k in plan["kernels"]] == list(target.jit_modules)
+    assert plan["runtime_lock"]["file"] == str(target.image.lock)
+    assert plan["runtime_lock"]["packages"] == len(lock.parse(target.image.lock).packages)
+    assert set(plan["wheels"]) == {"sglang", "flashinfer"}
+    shown = builder.run("image", "--plan", env={"DOCKER_HOST": "unix:///nonexistent.sock"})
+    assert "unknown without a Docker daemon" in shown.stdout
 
 
 def test_manifest_records_exactly_what_was_built(built, docker_client) -> None:

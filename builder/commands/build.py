@@ -23,7 +23,7 @@ from builder import (
 )
 from builder.cache import atomic_copy, locked, sha256_file
 from builder.commands.common import FETCH, PROJECT, add_command, context, emit
-from builder.errors import BuilderError
+from builder.errors import BuilderError, Unreachable
 from builder.kernels import packs
 from builder.kernels import wheel as kernel_wheel
 from builder.urls import has_credentials, redact
@@ -165,6 +165,28 @@ def _image_options(args: argparse.Namespace, ctx: pipeline.Context) -> image.Ima
     return options
 
 
+def _plan_without_daemon(args, ctx, options: image.ImageOptions, why: Unreachable) -> None:
+    """`image --plan` with no daemon: what is known from this machine, and what is not."""
+    _, wheels = _forks_and_wheels(args, ctx)
+    result = image.local_plan(ctx.target, wheels, options)
+    result["daemon"] = str(why)
+    lock = result["runtime_lock"]
+    lines = [
+        f"image {result['repository']}:<tag> (the tag hashes the base image's id: unknown "
+        "without a Docker daemon; so is which stages and kernels are cached)",
+        f"  base       {result['base_image']}",
+        *(f"  wheel      {filename}" for filename in result["wheels"].values()),
+        f"  runtime    {lock['packages']} packages from {lock['file']} (current)",
+        *(
+            f"  kernel     {k['generator']}"
+            + (f" (harvested: {k['harvested_from']})" if k["harvested_from"] else "")
+            for k in result["kernels"]
+        ),
+        f"  no daemon: {why}",
+    ]
+    emit(args, result, lines)
+
+
 def cmd_image(args: argparse.Namespace) -> None:
     _check_publish_args(args)
     if args.push:
@@ -176,7 +198,13 @@ def cmd_image(args: argparse.Namespace) -> None:
     options = _image_options(args, ctx)
     if args.push and not args.plan:
         provenance.refuse_dirty_push(ctx.data_dir, args.allow_dirty)
-    client = docker_client.connect()
+    try:
+        client = docker_client.connect()
+    except Unreachable as exc:
+        if not args.plan:
+            raise
+        _plan_without_daemon(args, ctx, options, exc)
+        return
     forks, wheels = _forks_and_wheels(args, ctx)
     image_plan = image.plan(client, target, forks, wheels, options)
 
