@@ -141,31 +141,27 @@ def options_record(options: ImageOptions) -> dict:
     }
 
 
-def _wheel_requirements(wheel: Path) -> list[Requirement]:
-    with zipfile.ZipFile(wheel) as archive:
-        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
-        metadata = archive.read(name).decode()
-    requirements = []
-    for line in metadata.splitlines():
-        if line.startswith("Requires-Dist:"):
-            requirement = Requirement(line.split(":", 1)[1].strip())
-            if requirement.marker and "extra" in str(requirement.marker):
-                continue
-            requirements.append(requirement)
-    return requirements
+def wheels_requirements(wheels: dict[str, BuiltWheel]) -> dict[str, list[Requirement]]:
+    """{distribution: its Requires-Dist} of built wheels."""
+    found = {}
+    for wheel in wheels.values():
+        with zipfile.ZipFile(wheel.path) as archive:
+            name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+            found[wheel.dist_name] = lock.metadata_requirements(archive.read(name).decode())
+    return found
 
 
-def runtime_inputs(target: Target, wheels: dict[str, BuiltWheel]) -> list[Requirement]:
-    """The target's pins, then every wheel's own requirements for what the target does not
-    pin (all of them: uv intersects two wheels' ranges for one package), none of ours or
-    excluded: what the runtime lock is resolved from and must satisfy."""
-    ours = {canonicalize_name(w.dist_name) for w in wheels.values()}
+def runtime_inputs(target: Target, requires: dict[str, list[Requirement]]) -> list[Requirement]:
+    """The target's pins, then each of our distributions' own requirements for what the
+    target does not pin (all of them: uv intersects two wheels' ranges for one package), none
+    of ours or excluded: what the runtime lock is resolved from and must satisfy."""
+    ours = {canonicalize_name(name) for name in requires}
     excluded = {canonicalize_name(n) for n in target.image.exclude_requirements}
     pinned = [Requirement(text) for text in target.image.requirements]
     taken = {canonicalize_name(r.name) for r in pinned} | ours | excluded
     chosen = {str(r): r for r in pinned}
-    for wheel in sorted(wheels.values(), key=lambda w: w.dist_name):
-        for requirement in _wheel_requirements(wheel.path):
+    for name in sorted(requires):
+        for requirement in requires[name]:
             if canonicalize_name(requirement.name) not in taken:
                 chosen.setdefault(str(requirement), requirement)
     return sorted(chosen.values(), key=lambda r: (canonicalize_name(r.name), str(r)))
@@ -190,7 +186,7 @@ def _runtime_lock(target: Target, wheels: dict[str, BuiltWheel], options: ImageO
             target=target.name,
             python=target.image.python,
             platform=target.image.platform,
-            requirements=runtime_inputs(target, wheels),
+            requirements=runtime_inputs(target, wheels_requirements(wheels)),
         )
     lock.refuse_excluded(chosen, target.image.exclude_requirements)
     return chosen

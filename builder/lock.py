@@ -32,6 +32,17 @@ _HASH = re.compile(r"--hash[= ](sha256|sha384|sha512):([0-9a-fA-F]+)")
 _OPTIONS = re.compile(r"\s--?[A-Za-z]")
 
 
+def metadata_requirements(metadata: str) -> list[Requirement]:
+    """A distribution's Requires-Dist lines (from its METADATA), extras' own left out."""
+    found = []
+    for line in metadata.splitlines():
+        if line.startswith("Requires-Dist:"):
+            requirement = Requirement(line.split(":", 1)[1].strip())
+            if not (requirement.marker and "extra" in str(requirement.marker)):
+                found.append(requirement)
+    return found
+
+
 @dataclass(frozen=True)
 class LockedPackage:
     name: str  # canonical

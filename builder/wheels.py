@@ -294,6 +294,53 @@ def _build_with(
     return Path(built)
 
 
+def declared_metadata(cache_dir: Path, result: ForkResult, fork: Fork, label: str) -> str:
+    """The METADATA the fork's wheel has, without building it where that can be avoided:
+    from the cached wheel; for a release-sourced upstream, from the fork commit's own
+    `.dist-info/`; else from the backend's prepare_metadata_for_build_wheel (no compile)."""
+    repo = pygit2.Repository(str(result.checkout.path))
+    version = wheel_version(fork, label, result.fork_commit)
+    env = _build_env(fork, version, repo.get(result.fork_commit).commit_time)
+    key = content_key(_cache_inputs(repo, result, fork, version, env))
+    record_path = cache_dir / "wheels" / key / "wheel.json"
+    if record_path.is_file():
+        wheel = record_path.parent / json.loads(record_path.read_text())["filename"]
+        if wheel.is_file():
+            with zipfile.ZipFile(wheel) as archive:
+                name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+                return archive.read(name).decode()
+    tree = repo.get(result.fork_commit).peel(pygit2.Tree)
+    if fork.release:
+        found = [e.name for e in tree if e.name.endswith(".dist-info")]
+        if len(found) != 1 or "METADATA" not in tree[found[0]].peel(pygit2.Tree):
+            raise BuilderError(f"{fork.release.filename}: no single .dist-info/METADATA")
+        return repo.get(tree[found[0]].peel(pygit2.Tree)["METADATA"].id).data.decode()
+    with tempfile.TemporaryDirectory(prefix=".source-", dir=cache_dir) as exported:
+        source = _export_source(repo, fork, result.fork_commit, version, Path(exported) / "src")
+        log_path = cache_dir / "logs" / f"{fork.name}-metadata.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text("")
+        backend_env = {**env, "GIT_CEILING_DIRECTORIES": exported}
+        with tempfile.TemporaryDirectory(prefix="builder-backend-home-") as home:
+            project = build.ProjectBuilder(
+                source,
+                python_executable=sys.executable,
+                runner=_runner(log_path, backend_env, Path(home)),
+            )
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    info = Path(project.metadata_path(Path(exported) / "metadata"))
+            except build.BuildBackendException:
+                raise BuilderError(
+                    f"{fork.name}: the backend could not say its metadata (full log: "
+                    f"{log_path}); last lines:\n{_log_tail(log_path)}"
+                ) from None
+            finally:
+                _log_warnings(log_path, caught)
+        return (info / "METADATA").read_text()
+
+
 def build_wheel(
     cache_dir: Path, result: ForkResult, fork: Fork, label: str, wheelhouse: Path
 ) -> BuiltWheel:

@@ -240,7 +240,8 @@ def test_both_wheels_build_and_the_committed_lock_satisfies_them(
     """The whole target's wheels: sglang from its release, flashinfer 0.7.2 built from git
     with the pin's backend settings (no expert-parallel extras, nothing pip-installed into
     builder's environment); `builder lock --check` finds images/sm120/runtime-lock.txt
-    current for exactly these wheels."""
+    current for exactly these wheels, before any wheel is built (read from the sources) and
+    after."""
     import importlib.metadata
 
     mirror, commit = flashinfer_upstream
@@ -248,6 +249,10 @@ def test_both_wheels_build_and_the_committed_lock_satisfies_them(
     pin = builder.data_dir / "forks/flashinfer/pin.toml"
     pin.write_text(pin.read_text().replace(FLASHINFER_PIN["commit"], commit))
     before = {d.metadata["Name"] for d in importlib.metadata.distributions()}
+    # A lock reads what each wheel will require from its sources: no wheel is built for it.
+    checked = builder.run("lock", "--check", "--mirror", mirror, check=False)
+    assert checked.returncode == 0, checked.stderr
+    assert not list((builder.cache_dir / "wheels").glob("*/wheel.json"))
     result = json.loads(builder.run("wheels", "--mirror", mirror, "--json").stdout)
     flashinfer = result["upstreams"]["flashinfer"]["wheel"]
     assert flashinfer["version"] == f"0.7.2+sm120.g{commit[:7]}"

@@ -195,7 +195,7 @@ def test_image_runtime_requirements_come_from_target_pins_and_wheel_metadata(
 ) -> None:
     from types import SimpleNamespace
 
-    from builder.image import runtime_inputs
+    from builder.image import runtime_inputs, wheels_requirements
     from builder.target import load_target
 
     builder, result = first
@@ -204,7 +204,7 @@ def test_image_runtime_requirements_come_from_target_pins_and_wheel_metadata(
         name: SimpleNamespace(dist_name=u["wheel"]["dist_name"], path=Path(u["wheel"]["path"]))
         for name, u in result["upstreams"].items()
     }
-    lines = [str(requirement) for requirement in runtime_inputs(target, wheels)]
+    lines = [str(r) for r in runtime_inputs(target, wheels_requirements(wheels))]
     assert {"torch==2.9.1", "sgl-kernel==0.3.21", "flashinfer-cubin==0.6.3"} <= set(lines)
     assert "transformers==4.57.1" in lines  # sglang 0.5.9's own pin, from its METADATA
     assert any(line.startswith("apache-tvm-ffi") for line in lines)  # flashinfer's

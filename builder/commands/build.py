@@ -21,6 +21,7 @@ from builder import (
     self_wheel,
     validate,
 )
+from builder import wheels as wheels_stage
 from builder.cache import atomic_copy, locked, sha256_file
 from builder.commands.common import FETCH, PROJECT, add_command, context, emit
 from builder.errors import BuilderError, Unreachable
@@ -278,6 +279,21 @@ def cmd_image(args: argparse.Namespace) -> None:
     )
 
 
+def _declared_requirements(ctx: pipeline.Context) -> dict[str, list]:
+    """{distribution: Requires-Dist} of each patched upstream, read from its sources (or
+    its cached wheel): a lock, and above all `lock --check` in CI, builds no wheel."""
+    with locked(ctx.cache_dir):
+        forks = pipeline.patch(ctx)
+        return {
+            use.fork.wheel.dist_name: lock.metadata_requirements(
+                wheels_stage.declared_metadata(
+                    ctx.cache_dir, forks[name], use.fork, ctx.target.local_label
+                )
+            )
+            for name, use in ctx.selected().items()
+        }
+
+
 def cmd_lock(args: argparse.Namespace) -> None:
     ctx = context(args)
     target = ctx.target
@@ -299,9 +315,9 @@ def cmd_lock(args: argparse.Namespace) -> None:
         ]
         ours: set[str] = set()
     else:
-        _, wheels = _forks_and_wheels(args, ctx)
-        requirements = image.runtime_inputs(target, wheels)
-        ours = {wheel.dist_name for wheel in wheels.values()}
+        requires = _declared_requirements(ctx)
+        requirements = image.runtime_inputs(target, requires)
+        ours = set(requires)
     if args.check:
         if not output.is_file():
             raise BuilderError(f"{output}: no such lock (run `builder lock` without --check)")
@@ -639,19 +655,22 @@ def register(sub) -> None:
         "lock",
         cmd_lock,
         "resolve the image's runtime lock: every package pinned with its sha256",
-        "Resolve the runtime requirements (the target's pins and the patched wheels' own "
-        "requirements; runs wheels first) with uv, once, for the image's Python and platform, "
-        "from the target's index. Every package gets name==version and the sha256 of each of "
-        "its files. The lock goes to images/<target>/runtime-lock.txt, to review and commit; "
-        "`builder image` installs from it with --require-hashes and refuses it, in one line, "
-        "once it no longer satisfies the wheels' requirements. Prints what changed.\n\n"
+        "Resolve the runtime requirements (the target's pins and the patched upstreams' own "
+        "requirements, read from their sources: no wheel is built) with uv, once, for the "
+        "image's Python and platform, from the target's index. Every package gets "
+        "name==version and the sha256 of each of its files. The lock goes to "
+        "images/<target>/runtime-lock.txt, to review and commit; `builder image` installs "
+        "from it with --require-hashes and refuses it, in one line, once it no longer "
+        "satisfies the wheels' requirements. Prints what changed.\n\n"
         "examples:\n"
         "  builder lock --target sm120            # re-resolve, then git diff the lock\n"
         "  builder lock --target sm120 --check    # exit 1 when the lock is stale (for CI)",
         uses=(PROJECT, FETCH),  # every upstream: a lock for part of the image is no lock
     )
     lock_cmd.add_argument(
-        "--check", action="store_true", help="only check the lock against the wheels; write nothing"
+        "--check",
+        action="store_true",
+        help="only check the lock against what the patched sources require; write nothing",
     )
     lock_cmd.add_argument(
         "--out",
@@ -681,7 +700,8 @@ def register(sub) -> None:
         metavar="PLATFORM",
         help="uv's platform, e.g. x86_64-manylinux_2_39 (default: the target's [image] platform)",
     )
-    _add_wheelhouse(lock_cmd)
+    # It built the wheels once; it reads their requirements from the sources now.
+    lock_cmd.add_argument("--wheelhouse", help=argparse.SUPPRESS)
 
     publish_cmd = add_command(
         sub,
