@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import traceback
 
 from builder import __version__, progress
 from builder.commands import build, jit, patches, qualify, serve
-from builder.commands.common import EPILOG, HelpFormatter
+from builder.commands.common import EPILOG, HelpFormatter, print_json
 from builder.errors import EXIT_CODES, EXIT_CODES_HELP, BuilderError, Unreachable
 
 
@@ -60,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         code = EXIT_CODES["unreachable" if isinstance(exc, Unreachable) else "error"]
         print(f"error: {exc}", file=sys.stderr)
         if getattr(args, "json", False):
-            print(json.dumps({"ok": False, "error": str(exc), "exit_code": code}))
+            print_json({"error": str(exc), "exit_code": code}, ok=False)
         return code
     except KeyboardInterrupt:
         print("interrupted: the cache is consistent; run the command again", file=sys.stderr)

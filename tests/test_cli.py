@@ -75,3 +75,23 @@ def test_a_usage_error_exits_1_as_the_table_says() -> None:
     )  # fmt: skip
     assert result.returncode == 1
     assert "error: builder launch: argument --port: invalid int value: 'x'" in result.stderr
+
+
+def test_every_json_answer_is_one_object_with_ok_and_its_version() -> None:
+    """The --json contract: success and failure alike carry `ok` and `json_version`."""
+    import json
+
+    def run(*args: str) -> tuple[int, dict]:
+        done = subprocess.run(
+            [sys.executable, "-m", "builder.cli", *args, "--json"],
+            capture_output=True, text=True, cwd=REPO_ROOT,
+        )  # fmt: skip
+        return done.returncode, json.loads(done.stdout)
+
+    code, listed = run("jit", "list", "--target", "sm120")
+    assert code == 0 and listed["ok"] is True and listed["json_version"] == 1
+    assert listed["modules"]
+    code, failed = run("jit", "list", "--target", "sm999")
+    assert code == 1 and failed["ok"] is False and failed["json_version"] == 1
+    assert failed["exit_code"] == 1 and "unknown target 'sm999'" in failed["error"]
+

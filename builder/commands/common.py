@@ -136,9 +136,19 @@ def context(args: argparse.Namespace) -> pipeline.Context:
     )
 
 
+JSON_VERSION = 1  # keys may be added within a version; a removal or new meaning bumps it
+
+
+def print_json(result: dict, ok: bool = True) -> None:
+    """One JSON object on stdout, with `ok` and `json_version` always in it."""
+    shaped = {"ok": ok, **result, "json_version": JSON_VERSION}
+    print(json.dumps(shaped, indent=2, sort_keys=True))
+
+
 def emit(args: argparse.Namespace, result: dict, lines: list[str]) -> None:
+    """The result: one JSON object with --json, else lines of text."""
     if args.json:
-        print(json.dumps(result, indent=2, sort_keys=True))
+        print_json(result)
     else:
         print("\n".join(lines))
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 
@@ -16,6 +15,7 @@ from builder.commands.common import (
     add_command,
     context,
     emit,
+    print_json,
 )
 from builder.errors import EXIT_CODES, BuilderError
 from builder.patches import parse_patch_file
@@ -83,7 +83,9 @@ def cmd_patches_refresh(args: argparse.Namespace) -> None:
         path = series.refresh_dir(ctx.cache_dir, ctx.target.name, name)
         print(series.conflict_help(path, conflict, ctx.target.name, name), file=sys.stderr)
         if args.json:
-            print(json.dumps({"refreshed": False, "check": result.to_json(), "workdir": str(path)}))
+            print_json(
+                {"refreshed": False, "check": result.to_json(), "workdir": str(path)}, ok=False
+            )
         raise SystemExit(EXIT_CODES["drift"])
     dropped = [p.patch.path.name for p in result.patches if p.status == "upstream"]
     lines = [f"{name}: series moved onto {args.onto} ({result.onto_commit[:12]})"]

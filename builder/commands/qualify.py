@@ -34,6 +34,7 @@ from builder.commands.common import (
     HelpFormatter,
     add_output_options,
     add_project_options,
+    print_json,
 )
 from builder.commands.serve import (
     add_launch_options,
@@ -433,7 +434,7 @@ def _checks(args, run, client, container, image, url, api_key, concurrency, need
 def _report(args, receipt: dict, path: Path, plot: Path | None, pushed: dict | None) -> None:
     if args.json:
         where = {"receipt": str(path), "plot": plot and str(plot), "receipt_push": pushed}
-        print(json.dumps({**receipt, **where}, indent=2))
+        print_json({**receipt, **where}, ok=bool(receipt["result"]["ok"]))
         return
     lines = []
     startup = receipt["startup"] or {}
@@ -580,7 +581,7 @@ def _compare(args) -> None:
         ]
     )
     if args.json:
-        print(json.dumps({"columns": header, "rows": rows}, indent=2))
+        print_json({"columns": header, "rows": rows})
         return
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import subprocess
@@ -36,6 +35,7 @@ from builder.commands.common import (
     add_output_options,
     add_project_options,
     emit,
+    print_json,
 )
 from builder.errors import BuilderError
 from builder.kernels import packs
@@ -259,7 +259,7 @@ def _wait(args, url: str, container: str | None, expect: dict, deadline_minutes:
         result["flashinfer_compiled_at_start"] = compiled
         result["other_jit_compiled_at_start"] = others.to_json() if others else None
     if args.json:
-        print(json.dumps(result, indent=2, sort_keys=True))
+        print_json(result, ok=verdict.exit_code == 0)
     else:
         print(f"{verdict.state}: {verdict.message}")
         if compiled is not None:
@@ -360,11 +360,10 @@ def cmd_verify(args: argparse.Namespace) -> None:
         result = {
             "image": args.image,
             "target": built["target"]["name"],
-            "ok": not failed,
             "checks": [check.to_json() for check in checks],
             "receipt": receipt,
         }
-        print(json.dumps(result, indent=2, sort_keys=True))
+        print_json(result, ok=not failed)
     else:
         for check in checks:
             print(f"{'ok  ' if check.ok else 'FAIL'} {check.check}: {check.detail}")
@@ -456,8 +455,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
 
     failed = [f for f in findings if not f.ok]
     if args.json:
-        result = {"ok": not failed, "findings": [f.to_json() for f in findings]}
-        print(json.dumps(result, indent=2))
+        print_json({"findings": [f.to_json() for f in findings]}, ok=not failed)
     else:
         for finding in findings:
             mark = "ok  " if finding.ok else "FAIL"
