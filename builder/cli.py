@@ -14,7 +14,12 @@ from builder.errors import EXIT_CODES, EXIT_CODES_HELP, BuilderError, Unreachabl
 
 class _Parser(argparse.ArgumentParser):
     """A usage error is bad input: exit code 1 as in the table (argparse's own is 2, which
-    here means an internal error)."""
+    here means an internal error). Every command's page wraps its prose and keeps its
+    examples as written (subcommands are made with the parser's own class)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.print_usage(sys.stderr)

@@ -95,3 +95,20 @@ def test_every_json_answer_is_one_object_with_ok_and_its_version() -> None:
     assert code == 1 and failed["ok"] is False and failed["json_version"] == 1
     assert failed["exit_code"] == 1 and "unknown target 'sm999'" in failed["error"]
 
+
+def test_every_command_s_help_shows_an_example_as_written() -> None:
+    def leaves(parser: argparse.ArgumentParser, words: list[str]):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            yield words, parser
+        for action in subs:
+            for name, sub in action.choices.items():
+                yield from leaves(sub, [*words, name])
+
+    missing = [
+        " ".join(words)
+        for words, parser in leaves(build_parser(), [])
+        # On a line of its own in the rendered page: not wrapped into the prose above it.
+        if not any(line.startswith("example") for line in parser.format_help().splitlines())
+    ]
+    assert missing == []

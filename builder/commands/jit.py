@@ -102,7 +102,8 @@ def register(sub) -> None:
         "list",
         help="the target's modules, call sites, and whether they agree with the profiles",
         description="Exit code 1 when a profile setting loads FlashInfer modules that are not "
-        "listed, or a listed module is loaded by no profile.",
+        "listed, or a listed module is loaded by no profile.\n\n"
+        "example: builder jit list --target sm120",
     )
     add_project_options(listing)
     add_output_options(listing)

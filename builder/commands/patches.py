@@ -132,7 +132,8 @@ def register(sub) -> None:
         "list",
         cmd_patches_list,
         "list the series of each upstream",
-        "List each upstream's pin and patch files with the files they touch.",
+        "List each upstream's pin and patch files with the files they touch.\n\n"
+        "example: builder patches list --target sm120 --upstream sglang",
         False,
     )
     add_patches(
@@ -141,7 +142,7 @@ def register(sub) -> None:
         "classify every patch against a newer upstream REF",
         "Classify each patch against REF without changing anything: clean (applies as is), "
         "merged (3-way merge; moved hunks shown), conflict (files and hunks), upstream (REF "
-        "already has it). Exit code 0: the series can move to REF unattended; 2: it cannot.\n\n"
+        "already has it). Exit code 0: the series can move to REF unattended; 7: it cannot.\n\n"
         "example: builder patches check --upstream flashinfer --onto v0.6.16",
         True,
     )
@@ -161,6 +162,7 @@ def register(sub) -> None:
         "write the patch files from the fork branch",
         "After a refresh stopped at a conflict and you edited the files: commit your fix as that "
         "patch, apply the rest and write forks/. Without a pending refresh: regenerate the "
-        "patch files from the build work directory's fork branch.",
+        "patch files from the build work directory's fork branch.\n\n"
+        "example: builder patches export --upstream flashinfer   # after editing a conflict",
         False,
     )

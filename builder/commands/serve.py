@@ -681,7 +681,10 @@ def register(sub) -> None:
         "NVIDIA driver new enough for the target's CUDA, GPU count and compute capability, "
         "memory per GPU, NVIDIA container runtime, /dev/shm, GPU topology (P2P over PCIe or "
         "NVLink) and, with --image, that the image is present. Each failing check says how "
-        "to fix it; exit code 1 if any fails.",
+        "to fix it; exit code 1 if any fails.\n\n"
+        "examples:\n"
+        "  builder doctor --target sm120 --image $IMAGE --profile glm5-nvfp4-tp8-pcie-ar\n"
+        "  builder doctor --container sglang-glm5      # what the running server compiled",
     )
     add_project_options(doctor_cmd)
     doctor_cmd.add_argument(
