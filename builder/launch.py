@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 import json
+import math
 import re
 import shlex
 from dataclasses import dataclass
@@ -194,6 +195,16 @@ def _flatten(profiles: dict[str, dict], name: str, path: Path | str, seen: tuple
     return merged
 
 
+def profile_number(profile: dict, key: str, default: float, where: str) -> float:
+    """A profile's numeric field: a finite number, 0 or more (TOML has `nan` and `inf`)."""
+    value = profile.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BuilderError(f"{where} field '{key}' must be a number, not {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise BuilderError(f"{where} field '{key}' is {value}: must be a finite number, 0 or more")
+    return value
+
+
 def flattened(known: Profiles, name: str) -> dict:
     """One profile with what it inherits (`extends`), as written (params not filled in)."""
     return _flatten(known.profiles, name, known.where)
@@ -279,7 +290,9 @@ def resolve(
         bind=bind_address(overrides.bind),
         shm_size=profile.get("shm_size", "32g"),
         expect=expect,
-        ready_deadline_minutes=int(profile.get("ready_deadline_minutes", 20)),
+        ready_deadline_minutes=int(
+            profile_number(profile, "ready_deadline_minutes", 20, f"{path}: profile '{name}'")
+        ),
         experimental=bool(profile.get("experimental", False)),
         warning=profile.get("warning", ""),
         params=overrides.params,

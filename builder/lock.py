@@ -107,7 +107,11 @@ def requirement_of(path: Path, number: int, line: str) -> Requirement:
 def parse(path: Path, text: str | None = None) -> Lock:
     """Every entry of a requirements file; when any entry carries a hash, all must, each
     pinned with `==` (the form `pip install --require-hashes` takes), each listed once."""
-    text = path.read_text() if text is None else text
+    if text is None:
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            raise BuilderError(f"{path}: not a requirements file (not UTF-8 text)") from None
     packages: dict[str, LockedPackage] = {}
     options: list[str] = []
     for number, line in requirement_lines(text):

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-from builder import __version__
+from builder import __version__, validate
 from builder.cache import atomic_write_text
 from builder.errors import BuilderError
 from builder.identity import builder_identity
@@ -128,6 +128,8 @@ def load(path: Path) -> dict:
         raise BuilderError(f"{path}: no such manifest (run `builder image` first)") from None
     except json.JSONDecodeError as exc:
         raise BuilderError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("image") or {}, dict):
+        raise BuilderError(f"{path}: not a builder manifest (a JSON object with an image object)")
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise BuilderError(
             f"{path}: schema_version {manifest.get('schema_version')!r}, "
@@ -159,12 +161,16 @@ def latest_with_image(directory: Path) -> Path:
     raise BuilderError(f"{directory}: no manifest with an image yet (run `builder image` first)")
 
 
-def image_reference(manifest: dict) -> str:
+def image_reference(manifest: dict, where: str = "the manifest") -> str:
     """The pushed reference by digest when there is one, else the local tag."""
     image = manifest.get("image") or {}
     pushed = image.get("pushed")
-    if pushed:
-        return pushed["reference"]
-    if image.get("reference"):
-        return image["reference"]
-    raise BuilderError("the manifest records no image (run `builder image` first)")
+    if pushed and not isinstance(pushed, dict):
+        raise BuilderError(f"{where}: field 'image.pushed' must be an object")
+    reference = pushed.get("reference") if pushed else image.get("reference")
+    if not reference:
+        raise BuilderError("the manifest records no image (run `builder image` first)")
+    if not isinstance(reference, str):
+        raise BuilderError(f"{where}: the image reference must be a string")
+    # It goes into compose files, units and commands: a reference and nothing else.
+    return validate.image_reference(f"{where}: image", reference)

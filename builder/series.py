@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import email.utils
 import json
+import os
 import re
+import tempfile
+import tomllib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +28,7 @@ import pygit2
 from packaging.utils import parse_wheel_filename
 from pygit2.enums import ApplyLocation, CheckoutStrategy, DiffStatsFormat
 
-from builder.cache import atomic_write_text, partial_beside, remove_tree
+from builder.cache import atomic_write_text, remove_tree
 from builder.errors import BuilderError
 from builder.patches import COMMITTER_EMAIL, COMMITTER_NAME, PatchFile, parse_patch_file
 from builder.release import commit_sha256 as release_sha256
@@ -300,6 +303,32 @@ def _version_at(repo, commit: str, fork: Fork, onto: str) -> str:
     return match.group(1) if match else fork.version
 
 
+def _rewritten_pin(pin_path: Path, text: str, fields: dict[str, str]) -> str:
+    """pin.toml's text with its top-level `fields` replaced, comments and layout kept; read
+    back with a TOML parser, it must be the old document with exactly those values changed.
+    Upstream text (a tag name, a file name) goes into it: only plain characters."""
+    original = text
+    for key, value in fields.items():
+        if not re.fullmatch(r"[A-Za-z0-9._+/@-]+", value):
+            raise BuilderError(f"{pin_path}: refusing to write {key} = {value!r}")
+        text = re.sub(
+            rf"""(?m)^([ \t]*{key}[ \t]*=[ \t]*)("[^"\\\n]*"|'[^'\n]*')""",
+            lambda match, value=value: f'{match.group(1)}"{value}"',
+            text,
+            count=1,
+        )
+    try:
+        before, after = tomllib.loads(original), tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise BuilderError(f"{pin_path}: not valid TOML ({exc})") from None
+    if after != {**before, **fields}:
+        raise BuilderError(
+            f"{pin_path}: cannot rewrite {', '.join(fields)} in place (each a top-level "
+            "`key = \"value\"` line); set them by hand"
+        )
+    return text
+
+
 def _write_series(repo, fork: Fork, series: str, ref: str, onto_commit: str, head: str) -> dict:
     """Replace the series files and the pin together; the old ones stay until both are ready."""
     commits = []
@@ -326,24 +355,36 @@ def _write_series(repo, fork: Fork, series: str, ref: str, onto_commit: str, hea
     else:
         fields["version"] = _version_at(repo, onto_commit, fork, ref.rsplit("/", 1)[-1])
     version = fields["version"]
-    for key, value in fields.items():
-        # Upstream text (a tag name, a file name) goes into TOML: only plain characters.
-        if not re.fullmatch(r"[A-Za-z0-9._+/@-]+", value):
-            remove_tree(staging)
-            raise BuilderError(f"{pin_path}: refusing to write {key} = {value!r}")
-        pin = re.sub(rf'(?m)^{key} = "[^"\n]*"', f'{key} = "{value}"', pin, count=1)
+    try:
+        pin = _rewritten_pin(pin_path, pin, fields)
+    except BuilderError:
+        remove_tree(staging)
+        raise
     old = series_dir.with_name(f".{series}.old")
     remove_tree(old)
     # Both new versions are complete before either replaces the old: the pin is written
-    # beside its file, then the series and the pin are renamed in one after the other.
-    with partial_beside(pin_path) as new_pin:
+    # beside its file, then the series and the pin are renamed in one after the other;
+    # a failed rename puts the old series back, so the pair is old or new, never mixed.
+    handle, name = tempfile.mkstemp(prefix=f".{pin_path.name}.", dir=pin_path.parent)
+    os.close(handle)
+    new_pin = Path(name)
+    try:
         new_pin.write_text(pin)
+        new_pin.chmod(0o644)
         series_dir.rename(old)
         try:
             staging.rename(series_dir)
+            try:
+                os.replace(new_pin, pin_path)
+            except OSError:
+                series_dir.rename(staging)
+                raise
         except OSError:
             old.rename(series_dir)
             raise
+    finally:
+        new_pin.unlink(missing_ok=True)
+        remove_tree(staging)
     remove_tree(old)
     return {"patches": names, "pin": {"commit": onto_commit, "ref": ref, "version": version}}
 

@@ -9,6 +9,7 @@ and the field.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -215,7 +216,11 @@ def load_fork(data_dir: Path, name: str) -> Fork:
         release=release,
         wheel=WheelBuild(
             dist_name=build.get("dist_name", str),
-            project_dir=build.get("project_dir", str, ""),
+            project_dir=(
+                _relative_path(build, "project_dir", build.get("project_dir", str))
+                if build.get("project_dir", str, "")
+                else ""
+            ),
             version_env=build.get("version_env", str, "" if release else ...),
             version_env_value=env_value,
             clean=tuple(_relative_path(build, "clean", c) for c in build.strings("clean", [])),
@@ -406,6 +411,8 @@ def load_target(data_dir: Path, name: str) -> Target:
     jit = reader.sub("jit", {})
     modules = tuple(_jit_module(jit, entry) for entry in jit.get("modules", list, []))
     job_memory = jit.get("job_memory_gb", (int, float), 6)
+    if isinstance(job_memory, bool) or not (math.isfinite(job_memory) and job_memory > 0):
+        raise jit.fail("job_memory_gb", f"is {job_memory}: must be a finite number above 0")
 
     return Target(
         name=name,

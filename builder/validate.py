@@ -20,6 +20,12 @@ _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REPOSITORY = re.compile(rf"^(?:{_HOST}(?::\d+)?/)?{_COMPONENT}(?:/{_COMPONENT})*$")
 
 
+def _shown(value: str) -> str:
+    """A value as an error line shows it: as given, or quoted where it holds a line break
+    or another non-printable character (the error stays one line)."""
+    return value if value.isprintable() else repr(value)
+
+
 def writable_dir(flag: str, value: str) -> Path:
     """A directory that exists or can be created, and can be written: proven by making and
     removing a probe directory in it (or in its nearest existing parent), nothing left."""
@@ -39,12 +45,12 @@ def writable_dir(flag: str, value: str) -> Path:
 
 
 def http_url(flag: str, value: str) -> str:
-    parts = urlsplit(value)
     try:
+        parts = urlsplit(value)
         parts.port  # noqa: B018 - raises on a bad port
-    except ValueError:
-        parts = parts._replace(netloc="")
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    except ValueError:  # a bad port or an unclosed [IPv6 address
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise BuilderError(f"{flag} {redact(value)}: expected an http(s)://HOST/... URL")
     return value
 
@@ -52,13 +58,13 @@ def http_url(flag: str, value: str) -> str:
 def repository(flag: str, value: str) -> str:
     if ":" in value.rsplit("/", 1)[-1] or "@" in value:
         raise BuilderError(
-            f"{flag} {value}: give a repository without a tag or digest (builder tags the "
-            "image with its inputs)"
+            f"{flag} {_shown(value)}: give a repository without a tag or digest (builder tags "
+            "the image with its inputs)"
         )
     if not _REPOSITORY.match(value):
         raise BuilderError(
-            f"{flag} {value}: not a valid image repository (lowercase [HOST[:PORT]/]PATH, "
-            "e.g. registry.example.com/ml/sglang-sm120)"
+            f"{flag} {_shown(value)}: not a valid image repository (lowercase "
+            "[HOST[:PORT]/]PATH, e.g. registry.example.com/ml/sglang-sm120)"
         )
     return value
 
@@ -79,7 +85,7 @@ def image_reference(flag: str, value: str) -> str:
         or (digest and not _DIGEST.match(digest))
     ):
         raise BuilderError(
-            f"{flag} {value}: not an image reference (REPOSITORY[:TAG][@sha256:DIGEST], "
+            f"{flag} {_shown(value)}: not an image reference (REPOSITORY[:TAG][@sha256:DIGEST], "
             "e.g. registry.example.com/ml/sglang-sm120@sha256:...)"
         )
     return value
@@ -87,15 +93,17 @@ def image_reference(flag: str, value: str) -> str:
 
 def server_url(what: str, value: str) -> str:
     """A server root, `http(s)://HOST:PORT` (the readiness stages add their own paths)."""
-    parts = urlsplit(value)
     try:
-        port = parts.port
-    except ValueError:
-        port = -1
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
-        raise BuilderError(f"{what} '{value}': expected http://HOST:PORT")
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:  # a bad port or an unclosed [IPv6 address
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BuilderError(f"{what} '{redact(value)}': expected http://HOST:PORT")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise BuilderError(f"{what} '{value}': give the server root, e.g. http://HOST:PORT")
+        raise BuilderError(
+            f"{what} '{redact(value)}': give the server root, e.g. http://HOST:PORT"
+        )
     return value.rstrip("/")
 
 

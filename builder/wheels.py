@@ -238,9 +238,21 @@ def _export_source(
     """The fork commit as plain files, plus what the backend would otherwise ask git for;
     the project folder to build."""
     exported = export_tree(repo, commit, root)
+
+    def inside(key: str, relative: str, path: Path) -> Path:
+        """`path`, whose folder must be in the export: pin.toml's paths are relative
+        without `..`, but a symlink in the upstream tree could still lead out of it."""
+        if not path.parent.resolve().is_relative_to(root.resolve()):
+            raise BuilderError(
+                f"{fork.directory / 'pin.toml'}: field 'build.{key}' is '{relative}', which "
+                f"leads out of the source export through a symlink of commit {commit[:12]}"
+            )
+        return path
+
     for relative in fork.wheel.clean:
-        remove_tree(root / relative)
+        remove_tree(inside("clean", relative, root / relative))
     project = root / fork.wheel.project_dir
+    inside("project_dir", fork.wheel.project_dir, project / "x")
     written = {
         relative: text.format(version=version, commit=commit)
         for relative, text in fork.wheel.write_files.items()
@@ -251,9 +263,13 @@ def _export_source(
         present = {path for path in present if (project / path).is_file()} | written.keys()
         written[fork.wheel.file_list] = "".join(f"{path}\n" for path in sorted(present))
     for relative, text in written.items():
-        (project / relative).parent.mkdir(parents=True, exist_ok=True)
-        (project / relative).write_text(text)
-        (project / relative).chmod(0o644)  # the wheel records modes: not this host's umask
+        key = "file_list" if relative == fork.wheel.file_list else f"write_files.{relative}"
+        path = inside(key, relative, project / relative)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink():  # replaced, never written through
+            path.unlink()
+        path.write_text(text)
+        path.chmod(0o644)  # the wheel records modes: not this host's umask
     return project
 
 

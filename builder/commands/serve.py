@@ -95,7 +95,7 @@ def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
         directory = manifest.manifest_dir(data_dir, args.manifest_dir, target.name)
         path = Path(args.manifest) if args.manifest else manifest.latest_with_image(directory)
         record = manifest.load(path)
-        recipe = dataclasses.replace(recipe, image=manifest.image_reference(record))
+        recipe = dataclasses.replace(recipe, image=manifest.image_reference(record, str(path)))
         if not (record.get("image") or {}).get("pushed"):
             progress.warn(
                 f"{path.name}: the image was not pushed; {recipe.image} exists only on the "
@@ -142,6 +142,8 @@ def read_api_key(path: str) -> str:
 
 
 def cmd_launch(args: argparse.Namespace) -> None:
+    if args.run and not (math.isfinite(args.poll) and args.poll > 0):
+        raise BuilderError(f"--poll {args.poll:g}: must be a number of seconds above 0")
     recipe, source = recipe_from_args(args)
     if not args.run:
         emit(args, {**recipe.to_json(), "recipe_from": source}, [recipe.shell()])
@@ -200,15 +202,22 @@ def cmd_deploy_files(args: argparse.Namespace) -> None:
     compose = out / "compose.yaml"
     unit = units / f"sglang-{recipe.profile}.service"
     env_file = out / launch.env_file_name(recipe)
-    atomic_write_text(compose, launch.compose_file(recipe))  # checks every value first
-    atomic_write_text(unit, launch.systemd_unit(recipe, service_dir))
+    # Every file's text (each checks every value it holds) before the first is written:
+    # a refused value leaves nothing behind.
+    texts = (
+        launch.compose_file(recipe),
+        launch.systemd_unit(recipe, service_dir),
+        launch.environment_file(recipe),
+    )
+    atomic_write_text(compose, texts[0])
+    atomic_write_text(unit, texts[1])
     written = [str(compose), str(unit)]
     if env_file.exists():
         if env_file.stat().st_mode & 0o077:
             progress.warn(f"{env_file}: others can read it; chmod 600 {env_file}")
         kept = f"kept {env_file} (your secrets; not rewritten)"
     else:
-        atomic_write_text(env_file, launch.environment_file(recipe), mode=0o600)
+        atomic_write_text(env_file, texts[2], mode=0o600)
         written.append(str(env_file))
         kept = None
     result = {
@@ -402,7 +411,9 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         )
     else:
         gpus = doctor.parse_gpus(gpu_text)
-        memory = float(profile.get("min_gpu_memory_gib", 0))
+        memory = launch.profile_number(
+            profile, "min_gpu_memory_gib", 0, f"profile '{recipe.profile}'"
+        )
         findings += doctor.check_gpus(gpus, compute_cap, tp, memory)
         findings.append(doctor.check_driver(gpus, cuda_version))
         topo = doctor.run_command(["nvidia-smi", "topo", "-m"])

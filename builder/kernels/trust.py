@@ -31,9 +31,13 @@ _MAX_KEY_FILE = 64 << 10  # a key file is small; a larger one is a mistake
 def _read_small(path_text: str, what: str) -> bytes:
     path = Path(path_text).expanduser()
     try:
-        if path.stat().st_size > _MAX_KEY_FILE:
+        if not path.is_file():  # /dev/zero has size 0 and no end
+            raise BuilderError(f"{what} {path}: not a regular file, not a key file")
+        with path.open("rb") as handle:
+            data = handle.read(_MAX_KEY_FILE + 1)
+        if len(data) > _MAX_KEY_FILE:
             raise BuilderError(f"{what} {path}: larger than {_MAX_KEY_FILE} bytes, not a key file")
-        return path.read_bytes()
+        return data
     except OSError as exc:
         raise BuilderError(f"{what} {path}: cannot read it ({exc.strerror})") from None
 
