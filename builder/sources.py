@@ -8,7 +8,9 @@ a checkout copies no history. The checked-out commit is verified against the pin
 
 from __future__ import annotations
 
+import concurrent.futures
 import configparser
+import contextlib
 import hashlib
 import re
 from dataclasses import dataclass
@@ -54,6 +56,8 @@ class _FetchProgress(pygit2.RemoteCallbacks):
         self._bar = bar
 
     def transfer_progress(self, stats: pygit2.remotes.TransferProgress) -> None:
+        if self._bar is None:  # one of several fetches side by side: counted by the caller
+            return
         task_id = self._bar.task_ids[0]
         self._bar.update(task_id, total=stats.total_objects, completed=stats.received_objects)
 
@@ -91,9 +95,16 @@ def _has_commit(repo: pygit2.Repository, commit: str) -> bool:
     return obj is not None and obj.type == ObjectType.COMMIT
 
 
-def _fetch(repo: pygit2.Repository, url: str, refspecs: list[str], shallow: bool, what: str):
+def _fetch(
+    repo: pygit2.Repository,
+    url: str,
+    refspecs: list[str],
+    shallow: bool,
+    what: str,
+    show: bool = True,
+) -> None:
     remote = repo.remotes.create_anonymous(url)
-    with progress.task(f"fetch {redact(url)}") as bar:
+    with progress.task(f"fetch {redact(url)}") if show else contextlib.nullcontext() as bar:
         callbacks = _FetchProgress(bar)
         try:
             if shallow:
@@ -111,6 +122,22 @@ def _fetch(repo: pygit2.Repository, url: str, refspecs: list[str], shallow: bool
             ) from None
 
 
+def _fetch_commit(repo: pygit2.Repository, url: str, commit: str, show: bool) -> bool:
+    """Only `commit`, at depth 1, as `git clone --shallow-submodules` asks for a submodule;
+    False where the server does not hand out a commit by its id (or not shallow)."""
+    remote = repo.remotes.create_anonymous(url)
+    with progress.task(f"fetch {redact(url)}") if show else contextlib.nullcontext() as bar:
+        try:
+            remote.fetch(
+                [f"+{commit}:refs/builder/pinned/{commit}"],
+                callbacks=_FetchProgress(bar),
+                depth=1,
+            )
+        except pygit2.GitError:
+            return False
+    return _has_commit(repo, commit)
+
+
 def ensure_commit(
     cache_dir: Path,
     url: str,
@@ -118,15 +145,18 @@ def ensure_commit(
     mirrors: Mirrors,
     what: str,
     ref: str | None = None,
+    show: bool = True,
 ) -> Path:
-    """The mirror holding `commit`, fetched from `url` (rewritten by `mirrors`) if needed."""
+    """The mirror holding `commit`, fetched from `url` (rewritten by `mirrors`) if needed:
+    through `ref` when given (checked to point at `commit`), else the commit alone, else
+    (a server that will not hand it out by id) every branch and tag."""
     path = _mirror_path(cache_dir, url)
     repo = _open_or_create_mirror(path)
     if _has_commit(repo, commit):
         return path
     effective = mirrors.rewrite(url)
     if ref:
-        _fetch(repo, effective, [f"+{ref}:{ref}"], shallow=True, what=what)
+        _fetch(repo, effective, [f"+{ref}:{ref}"], shallow=True, what=what, show=show)
         fetched = repo.references.get(ref)
         if fetched is None:
             raise BuilderError(f"{what}: {redact(effective)} has no ref {ref}")
@@ -135,8 +165,8 @@ def ensure_commit(
             raise BuilderError(
                 f"{what}: {ref} at {redact(effective)} is commit {tip}, the pin says {commit}"
             )
-    else:
-        _fetch(repo, effective, ALL_REFS, shallow=False, what=what)
+    elif not _fetch_commit(repo, effective, commit, show):
+        _fetch(repo, effective, ALL_REFS, shallow=False, what=what, show=show)
     if not _has_commit(repo, commit):
         raise BuilderError(
             f"{what}: commit {commit} is not on any branch or tag of {redact(effective)}"
@@ -230,13 +260,59 @@ def checkout_submodules(
 ) -> tuple[Submodule, ...]:
     submodules = tuple(read_submodules(repo, commit, url))
     root = Path(repo.workdir)
+    mirror_of = _ensure_submodules(cache_dir, submodules, mirrors, what)
     for sub in submodules:
-        label = f"{what} submodule {sub.path}"
-        mirror = ensure_commit(cache_dir, sub.url, sub.commit, mirrors, label)
-        sub_repo = open_workdir(root / sub.path, mirror)
+        sub_repo = open_workdir(root / sub.path, mirror_of[sub])
         checkout_commit(sub_repo, sub.commit)
+        label = f"{what} submodule {sub.path}"
         checkout_submodules(cache_dir, sub_repo, sub.commit, sub.url, mirrors, label)
     return submodules
+
+
+_PARALLEL_FETCHES = 8
+
+
+def _ensure_submodules(
+    cache_dir: Path, submodules: tuple[Submodule, ...], mirrors: Mirrors, what: str
+) -> dict[Submodule, Path]:
+    """Each submodule's mirror with its commit, the missing ones fetched side by side (one
+    worker per mirror: two submodules of one URL share it)."""
+    by_url: dict[str, list[Submodule]] = {}
+    for sub in submodules:
+        by_url.setdefault(sub.url, []).append(sub)
+
+    def fetch_all(subs: list[Submodule], show: bool) -> dict[Submodule, Path]:
+        return {
+            sub: ensure_commit(
+                cache_dir, sub.url, sub.commit, mirrors, f"{what} submodule {sub.path}", show=show
+            )
+            for sub in subs
+        }
+
+    missing = [
+        subs
+        for subs in by_url.values()
+        if not all(
+            _has_commit(_open_or_create_mirror(_mirror_path(cache_dir, s.url)), s.commit)
+            for s in subs
+        )
+    ]
+    found: dict[Submodule, Path] = {}
+    if len(missing) > 1:
+        total = sum(len(subs) for subs in missing)
+        with (
+            progress.task(f"fetch {total} submodules of {what}", total=total) as bar,
+            concurrent.futures.ThreadPoolExecutor(min(_PARALLEL_FETCHES, len(missing))) as pool,
+        ):
+            jobs = [pool.submit(fetch_all, subs, False) for subs in missing]
+            for job in concurrent.futures.as_completed(jobs):
+                fetched = job.result()
+                found.update(fetched)
+                bar.advance(bar.task_ids[0], len(fetched))
+    for subs in by_url.values():
+        if subs[0] not in found:
+            found.update(fetch_all(subs, True))
+    return found
 
 
 def workdir_path(cache_dir: Path, target: str, name: str) -> Path:
@@ -276,9 +352,26 @@ def fetch_and_checkout(cache_dir: Path, target: str, fork: Fork, mirrors: Mirror
         mirror = ensure_commit(cache_dir, fork.url, fork.commit, mirrors, what, ref=fork.ref)
     path = workdir_path(cache_dir, target, fork.name)
     repo = open_workdir(path, mirror)
-    checkout_commit(repo, fork.commit)
+    # The submodules' commits are fetched while the main tree is written (as git does not).
+    with concurrent.futures.ThreadPoolExecutor(1) as background:
+        fetching = background.submit(
+            _fetch_submodules, cache_dir, mirror, fork.commit, fork.url, mirrors, what
+        )
+        checkout_commit(repo, fork.commit)
+        fetching.result()
     submodules = checkout_submodules(cache_dir, repo, fork.commit, fork.url, mirrors, what)
     return Checkout(fork.name, path, fork.commit, submodules)
+
+
+def _fetch_submodules(
+    cache_dir: Path, mirror: Path, commit: str, url: str, mirrors: Mirrors, what: str
+) -> None:
+    """Every submodule commit under `commit` (nested ones too) into its mirror, read from
+    the mirrors alone: no work tree needed."""
+    submodules = tuple(read_submodules(pygit2.Repository(str(mirror)), commit, url))
+    for sub, sub_mirror in _ensure_submodules(cache_dir, submodules, mirrors, what).items():
+        label = f"{what} submodule {sub.path}"
+        _fetch_submodules(cache_dir, sub_mirror, sub.commit, sub.url, mirrors, label)
 
 
 def export_tree(repo: pygit2.Repository, commit: str, destination: Path) -> list[str]:

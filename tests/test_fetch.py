@@ -1,0 +1,84 @@
+"""A cold fetch asks for what git's shallow clone asks for: the pinned commit of each
+submodule at depth 1 (side by side), not its whole history; a server that will not hand out
+a commit by its id still works. Real git daemon on loopback, the fixture's real upstream."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pygit2
+import pytest
+
+from tests.conftest import REPO_ROOT, Builder, Upstreams
+from tests.services import free_port, wait_for
+
+pytestmark = pytest.mark.skipif(not shutil.which("git"), reason="git not installed")
+
+
+def _daemon(root: Path, allow_any_sha: bool):
+    port = free_port()
+    env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1"}
+    if allow_any_sha:  # as GitHub serves a submodule's commit to `--shallow-submodules`
+        env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="uploadpack.allowAnySHA1InWant",
+                   GIT_CONFIG_VALUE_0="true")  # fmt: skip
+    process = subprocess.Popen(
+        ["git", "daemon", "--reuseaddr", "--export-all", f"--base-path={root}",
+         "--listen=127.0.0.1", f"--port={port}", str(root)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    def listening() -> bool:
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_for(listening, 10, "git daemon")
+    return process, f"git://127.0.0.1:{port}/"
+
+
+def _sources(builder: Builder, served: str) -> dict:
+    builder.mirror = f"https://github.com/={served}"
+    return json.loads(builder.run("sources", "--upstream", "flashinfer", "--json").stdout)
+
+
+@pytest.mark.parametrize("allow_any_sha", [True, False])
+def test_submodules_come_at_their_pinned_commit_alone_where_the_server_allows(
+    builder: Builder, github: Upstreams, allow_any_sha: bool
+) -> None:
+    process, served = _daemon(github.root, allow_any_sha)
+    try:
+        checked_out = _sources(builder, served)["upstreams"]["flashinfer"]
+    finally:
+        process.terminate()
+        process.wait()
+    submodules = checked_out["submodules"]
+    assert set(submodules) == {"3rdparty/cutlass", "3rdparty/spdlog"}
+    for path, sub in submodules.items():
+        work = pygit2.Repository(str(Path(checked_out["path"]) / path))
+        assert str(work.head.target) == sub["commit"]
+        (mirror,) = (builder.cache_dir / "mirrors").glob(f"*{Path(sub['url']).stem}.git-*")
+        refs = set(pygit2.Repository(str(mirror)).references)
+        if allow_any_sha:  # the commit alone, shallow: what --shallow-submodules fetches
+            assert refs == {f"refs/builder/pinned/{sub['commit']}"}
+            assert (mirror / "shallow").is_file()
+        else:  # the server refused the id: every branch and tag instead, as before
+            assert "refs/heads/main" in refs and not (mirror / "shallow").exists()
+
+
+def test_the_fetch_bench_runs_in_its_smallest_form(tmp_path: Path) -> None:
+    """bench/fetch_bench.py, once each way: it cannot rot unnoticed."""
+    out = tmp_path / "fetch.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench/fetch_bench.py"), "--repeat", "1",
+         "--out", str(out)],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert len(result["seconds"]["git"]) == len(result["seconds"]["builder"]) == 1
+    assert result["ratio_builder_to_git"] > 0
