@@ -7,7 +7,7 @@ import sys
 import traceback
 
 from builder import __version__, progress
-from builder.commands import build, jit, patches, qualify, serve
+from builder.commands import build, jit, lock, patches, publish, qualify, serve
 from builder.commands.common import EPILOG, HelpFormatter, print_json
 from builder.errors import EXIT_CODES, EXIT_CODES_HELP, BuilderError, Unreachable
 
@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     build.register(sub)
+    lock.register(sub)
+    publish.register(sub)
     patches.register(sub)
     jit.register(sub)
     serve.register(sub)

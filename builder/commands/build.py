@@ -1,9 +1,8 @@
-"""Commands that build and ship: sources, patch, wheels, lock, image, publish."""
+"""Commands that build: sources, patch, wheels, image (lock and publish: their own modules)."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 from pathlib import Path
 
@@ -14,43 +13,31 @@ from builder import (
     lock,
     manifest,
     pipeline,
-    progress,
     provenance,
-    publish,
     registry,
-    self_wheel,
     validate,
 )
-from builder import wheels as wheels_stage
-from builder.cache import atomic_copy, locked, sha256_file
-from builder.commands.common import FETCH, PROJECT, add_command, context, emit
+from builder.cache import locked
+from builder.commands.common import (
+    FETCH,
+    PROJECT,
+    add_command,
+    add_wheelhouse,
+    context,
+    emit,
+    forks_and_wheels,
+    wheelhouse_dir,
+)
+from builder.commands.publish import (
+    add_publish_options,
+    check_publish_args,
+    into_wheelhouse,
+    publish_wheels,
+)
 from builder.errors import BuilderError, Unreachable
 from builder.kernels import packs
-from builder.kernels import wheel as kernel_wheel
-from builder.urls import has_credentials, redact
-from builder.wheels import BuiltWheel
 
 KERNEL_REGISTRY_ENV = "BUILDER_KERNEL_REGISTRY"
-
-
-def _wheelhouse(args: argparse.Namespace, ctx: pipeline.Context) -> Path:
-    return Path(args.wheelhouse or Path("wheelhouse") / ctx.target.name).resolve()
-
-
-def _add_wheelhouse(command: argparse.ArgumentParser) -> None:
-    command.add_argument(
-        "--wheelhouse", help="where the wheels are copied (default: ./wheelhouse/<target>)"
-    )
-
-
-def _forks_and_wheels(args: argparse.Namespace, ctx: pipeline.Context):
-    """Run sources -> patch -> wheels under the cache lock; ({name: fork}, {name: wheel})."""
-    with locked(ctx.cache_dir):
-        built = pipeline.wheels(ctx, _wheelhouse(args, ctx))
-    return (
-        {name: fork for name, (fork, _) in built.items()},
-        {name: wheel for name, (_, wheel) in built.items()},
-    )
 
 
 def cmd_sources(args: argparse.Namespace) -> None:
@@ -98,7 +85,7 @@ def cmd_patch(args: argparse.Namespace) -> None:
 
 def cmd_wheels(args: argparse.Namespace) -> None:
     ctx = context(args)
-    wheelhouse = _wheelhouse(args, ctx)
+    wheelhouse = wheelhouse_dir(args, ctx)
     with locked(ctx.cache_dir):
         built = pipeline.wheels(ctx, wheelhouse)
     result = {
@@ -168,7 +155,7 @@ def _image_options(args: argparse.Namespace, ctx: pipeline.Context) -> image.Ima
 
 def _plan_without_daemon(args, ctx, options: image.ImageOptions, why: Unreachable) -> None:
     """`image --plan` with no daemon: what is known from this machine, and what is not."""
-    _, wheels = _forks_and_wheels(args, ctx)
+    _, wheels = forks_and_wheels(args, ctx)
     result = image.local_plan(ctx.target, wheels, options)
     result["daemon"] = str(why)
     lock = result["runtime_lock"]
@@ -189,7 +176,7 @@ def _plan_without_daemon(args, ctx, options: image.ImageOptions, why: Unreachabl
 
 
 def cmd_image(args: argparse.Namespace) -> None:
-    _check_publish_args(args)
+    check_publish_args(args)
     if args.push:
         validate.repository("--push", args.push)
     if args.save_context:
@@ -206,7 +193,7 @@ def cmd_image(args: argparse.Namespace) -> None:
             raise
         _plan_without_daemon(args, ctx, options, exc)
         return
-    forks, wheels = _forks_and_wheels(args, ctx)
+    forks, wheels = forks_and_wheels(args, ctx)
     image_plan = image.plan(client, target, forks, wheels, options)
 
     if args.plan:
@@ -238,12 +225,12 @@ def cmd_image(args: argparse.Namespace) -> None:
     result = image.build_image(
         client, target, forks, wheels, options, image_plan, ctx.cache_dir, save_context
     )
-    wheels = {**wheels, "kernels": _into_wheelhouse(result.kernel_wheel, _wheelhouse(args, ctx))}
+    wheels = {**wheels, "kernels": into_wheelhouse(result.kernel_wheel, wheelhouse_dir(args, ctx))}
     if args.push:
         result.pushed = registry.push(client, result.reference, args.push)
     publish_error = None
     try:
-        published, own_wheel = _publish(args, wheels, ctx.cache_dir)
+        published, own_wheel = publish_wheels(args, wheels, ctx.cache_dir)
     except BuilderError as exc:
         # The image and its push happened: record them, then report the failed publish.
         published, own_wheel, publish_error = None, None, exc
@@ -279,264 +266,6 @@ def cmd_image(args: argparse.Namespace) -> None:
     )
 
 
-def _declared_requirements(ctx: pipeline.Context) -> dict[str, list]:
-    """{distribution: Requires-Dist} of each patched upstream, read from its sources (or
-    its cached wheel): a lock, and above all `lock --check` in CI, builds no wheel."""
-    with locked(ctx.cache_dir):
-        forks = pipeline.patch(ctx)
-        return {
-            use.fork.wheel.dist_name: lock.metadata_requirements(
-                wheels_stage.declared_metadata(
-                    ctx.cache_dir, forks[name], use.fork, ctx.target.local_label
-                )
-            )
-            for name, use in ctx.selected().items()
-        }
-
-
-def cmd_lock(args: argparse.Namespace) -> None:
-    ctx = context(args)
-    target = ctx.target
-    output = Path(args.output).resolve() if args.output else target.image.lock
-    python = args.python_version or target.image.python
-    platform = args.python_platform or target.image.platform
-    validate.python_version("--python-version", python)
-    validate.python_platform("--python-platform", platform)
-    if args.runtime_requirements:
-        source = Path(args.runtime_requirements)
-        if not source.is_file():
-            raise BuilderError(f"--runtime-requirements {source}: no such file")
-        listed = lock.parse(source)
-        lock.refuse_excluded(listed, target.image.exclude_requirements)
-        requirements = [
-            lock.requirement_of(source, number, line)
-            for number, line in lock.requirement_lines(listed.text)
-            if not line.startswith("-")
-        ]
-        ours: set[str] = set()
-    else:
-        requires = _declared_requirements(ctx)
-        requirements = image.runtime_inputs(target, requires)
-        ours = set(requires)
-    if args.check:
-        if not output.is_file():
-            raise BuilderError(f"{output}: no such lock (run `builder lock` without --check)")
-        lock.refuse_stale(
-            lock.parse(output), target=target.name, python=python, platform=platform,
-            requirements=requirements,
-        )  # fmt: skip
-        emit(args, {"lock": str(output), "stale": False}, [f"{output}: up to date"])
-        return
-    try:
-        before = lock.parse(output).packages if output.is_file() else {}
-    except BuilderError as exc:
-        progress.warn(f"the current lock does not parse ({exc}): replaced")
-        before = {}
-    refused = {name: "builder builds itself" for name in ours}
-    refused.update({name: "the target excludes" for name in target.image.exclude_requirements})
-    resolved = lock.resolve(
-        [str(r) for r in requirements],
-        target=target.name,
-        python=python,
-        platform=platform,
-        index_url=args.pip_index_url or target.image.pip_index_url,
-        extra_index_url=(
-            target.image.pip_extra_index_url
-            if args.pip_extra_index_url is None
-            else args.pip_extra_index_url
-        ),
-        output=output,
-        cache_dir=ctx.cache_dir,
-        refused=refused,
-    )
-    after = resolved.packages
-    changes = {
-        "added": sorted(f"{n}=={after[n].version}" for n in after.keys() - before.keys()),
-        "removed": sorted(f"{n}=={before[n].version}" for n in before.keys() - after.keys()),
-        "changed": sorted(
-            f"{n} {before[n].version} -> {after[n].version}"
-            for n in after.keys() & before.keys()
-            if before[n].version != after[n].version
-        ),
-    }
-    lines = [f"{output}: {len(after)} packages for python {python} on {platform}"]
-    lines += [f"  {kind} {item}" for kind, items in changes.items() for item in items]
-    emit(args, {"lock": str(output), "packages": len(after), **changes}, lines)
-
-
-def _manifest_kernel_wheel(
-    directory: Path, wheelhouse: Path, flashinfer: BuiltWheel | None
-) -> BuiltWheel | None:
-    """The kernel wheel the newest image manifest of this flashinfer build names, from the
-    wheelhouse and with the manifest's sha256: the one that image was built and checked
-    with, never merely the newest file that matches a pattern."""
-    if flashinfer is None:
-        return None
-    for path, record in manifest.with_images(directory):
-        recorded = record.get("wheels") or {}
-        if "kernels" not in recorded:
-            continue
-        if (recorded.get("flashinfer") or {}).get("sha256") != flashinfer.sha256:
-            continue
-        named = recorded["kernels"]
-        wheel = wheelhouse / named["filename"]
-        if not wheel.is_file():
-            raise BuilderError(
-                f"{path.name} names the kernel wheel {named['filename']}, which is not in "
-                f"{wheelhouse} (run `builder image` again to make it)"
-            )
-        if sha256_file(wheel) != named["sha256"]:
-            raise BuilderError(
-                f"{wheel}: not the kernel wheel {path.name} records (sha256 differs): not "
-                "published; run `builder image` again"
-            )
-        return BuiltWheel(
-            name="kernels",
-            dist_name=kernel_wheel.DIST_NAME,
-            version=named["version"],
-            filename=wheel.name,
-            sha256=named["sha256"],
-            size=wheel.stat().st_size,
-            cache_key=named["version"],
-            cached=True,
-            path=wheel,
-        )
-    return None
-
-
-def _into_wheelhouse(wheel: BuiltWheel, wheelhouse: Path) -> BuiltWheel:
-    """The kernel wheel beside the others, so `builder publish` ships it too."""
-    destination = wheelhouse / wheel.filename
-    if not destination.is_file() or sha256_file(destination) != wheel.sha256:
-        atomic_copy(wheel.path, destination)
-    return dataclasses.replace(wheel, path=destination)
-
-
-def _check_publish_args(args: argparse.Namespace) -> None:
-    """Where to publish, checked before anything is built."""
-    if args.publish:
-        validate.http_url("--publish-index", args.publish)
-        if has_credentials(args.publish):
-            raise BuilderError(
-                f"--publish-index {redact(args.publish)}: credentials go in TWINE_USERNAME/"
-                "TWINE_PASSWORD, keyring or ~/.pypirc (--publish-repository), not in the URL"
-            )
-    if args.publish_simple:
-        validate.http_url("--publish-simple", args.publish_simple)
-        if has_credentials(args.publish_simple):
-            raise BuilderError(
-                f"--publish-simple {redact(args.publish_simple)}: builder reads the index "
-                "back without credentials; give its public (read-only) URL"
-            )
-    if args.publish_static:
-        validate.writable_dir("--publish-static", args.publish_static)
-
-
-def _publish(
-    args: argparse.Namespace, wheels: dict, cache_dir: Path
-) -> tuple[dict[str, list[dict]], BuiltWheel | None]:
-    """Publish where the flags say, builder's own wheel too (the VM installs builder from
-    the same index); ({wheel name: [verified records]}, builder's wheel or None)."""
-    if not (args.publish or args.publish_repository or args.publish_static):
-        return {name: [] for name in wheels}, None
-    own = self_wheel.build(cache_dir)
-    if own is None:
-        progress.warn(
-            "builder runs from an installed wheel, not a checkout: its own wheel is not "
-            "published (publish from a checkout, or upload that wheel yourself)"
-        )
-    everything = {**wheels, **({"builder": own} if own else {})}
-    published: dict[str, list[dict]] = {name: [] for name in everything}
-    ordered = list(everything.values())
-    upload_url = args.publish
-    if args.publish_repository and not upload_url:
-        upload_url = publish.pypirc_url(args.publish_repository)
-    if upload_url:
-        simple = args.publish_simple or publish.default_simple_url(upload_url)
-        for name, record in publish.publish_to_index(
-            ordered, upload_url, simple, args.publish_repository
-        ).items():
-            published[name].append(record)
-    if args.publish_static:
-        for name, record in publish.publish_static(ordered, Path(args.publish_static)).items():
-            published[name].append(record)
-    return published, own
-
-
-def _publish_options(command: argparse.ArgumentParser, *old_names: str) -> None:
-    """The same four publishing options, by the same names, on `image` and `publish`;
-    `old_names` (earlier spellings: --publish, --index, --static) keep working, unlisted."""
-    command.add_argument(
-        "--publish-index",
-        dest="publish",
-        metavar="URL",
-        help="upload the wheels to this index's upload URL (pypiserver, devpi, Artifactory); "
-        "credentials from TWINE_USERNAME/TWINE_PASSWORD, keyring or ~/.pypirc",
-    )
-    command.add_argument(
-        "--publish-simple",
-        dest="publish_simple",
-        metavar="URL",
-        help="the index's simple (PEP 503/691) URL, to check and verify (default: URL/simple/)",
-    )
-    command.add_argument(
-        "--publish-repository",
-        dest="publish_repository",
-        metavar="NAME",
-        help="a ~/.pypirc section to take the upload URL and credentials from",
-    )
-    command.add_argument(
-        "--publish-static",
-        dest="publish_static",
-        metavar="DIR",
-        help="write/extend a static PEP 503 index (+ PEP 691 JSON) in DIR",
-    )
-    hidden = {"--index-simple": "publish_simple", "--repository": "publish_repository"}
-    hidden.update({name: _OLD_NAMES[name] for name in old_names})
-    for name, dest in hidden.items():
-        command.add_argument(name, dest=dest, help=argparse.SUPPRESS)
-
-
-_OLD_NAMES = {"--publish": "publish", "--index": "publish", "--static": "publish_static"}
-
-
-def cmd_publish(args: argparse.Namespace) -> None:
-    if not (args.publish or args.publish_static or args.publish_repository):
-        raise BuilderError(
-            "builder publish needs --publish-index URL, --publish-repository NAME or "
-            "--publish-static DIR"
-        )
-    _check_publish_args(args)
-    ctx = context(args)
-    forks, wheels = _forks_and_wheels(args, ctx)
-    directory = manifest.manifest_dir(ctx.data_dir, args.manifest_dir, ctx.target.name)
-    kernels_wheel = _manifest_kernel_wheel(
-        directory, _wheelhouse(args, ctx), wheels.get("flashinfer")
-    )
-    if kernels_wheel:
-        wheels["kernels"] = kernels_wheel
-    elif "flashinfer" in wheels:
-        progress.warn(
-            "no image manifest of this flashinfer build names a kernel wheel yet (`builder "
-            "image` makes one): publishing without kernels, so a plain venv compiles them"
-        )
-    published, own_wheel = _publish(args, wheels, ctx.cache_dir)
-    record = manifest.build_manifest(
-        ctx.target, forks, wheels, published=published, builder_wheel=own_wheel
-    )
-    tag = "publish-" + "-".join(f.fork_commit[:7] for f in forks.values())
-    written = manifest.write(
-        manifest.manifest_dir(ctx.data_dir, args.manifest_dir, ctx.target.name), record, tag
-    )
-    lines = [
-        f"{r['action']:<16} {r['url']}  sha256={r['sha256'][:16]}…"
-        for records in published.values()
-        for r in records
-    ]
-    lines.append(f"manifest {written}")
-    emit(args, {"published": published, "manifest": str(written)}, lines)
-
-
 def register(sub) -> None:
     add_command(
         sub,
@@ -570,7 +299,7 @@ def register(sub) -> None:
         "its inputs and copy it to the wheelhouse. Unchanged inputs are a cache hit.\n\n"
         "example: builder wheels --target sm120 --wheelhouse ./wheelhouse",
     )
-    _add_wheelhouse(wheels)
+    add_wheelhouse(wheels)
     image_cmd = add_command(
         sub,
         "image",
@@ -587,7 +316,7 @@ def register(sub) -> None:
         "  builder image --base-image my-cuda:12.8 --pip-index-url https://pypi.internal/simple",
         uses=(PROJECT, FETCH),
     )
-    _add_wheelhouse(image_cmd)
+    add_wheelhouse(image_cmd)
     image_cmd.add_argument("--base-image", metavar="REF", help="base image (default: the target's)")
     image_cmd.add_argument(
         "--push", metavar="REGISTRY/REPO", help="push the image there and print its digest"
@@ -632,7 +361,7 @@ def register(sub) -> None:
         default=0,
         help="parallel compile jobs (default 0: from cores and memory)",
     )
-    _publish_options(image_cmd, "--publish")
+    add_publish_options(image_cmd, "--publish")
     image_cmd.add_argument(
         "--manifest-dir",
         metavar="DIR",
@@ -649,74 +378,3 @@ def register(sub) -> None:
         help="also write the exact Docker build context of a build to DIR, with its build "
         "arguments and labels in DIR/docker-build.json (to audit it, or `docker build` it by hand)",
     )
-
-    lock_cmd = add_command(
-        sub,
-        "lock",
-        cmd_lock,
-        "resolve the image's runtime lock: every package pinned with its sha256",
-        "Resolve the runtime requirements (the target's pins and the patched upstreams' own "
-        "requirements, read from their sources: no wheel is built) with uv, once, for the "
-        "image's Python and platform, from the target's index. Every package gets "
-        "name==version and the sha256 of each of its files. The lock goes to "
-        "images/<target>/runtime-lock.txt, to review and commit; `builder image` installs "
-        "from it with --require-hashes and refuses it, in one line, once it no longer "
-        "satisfies the wheels' requirements. Prints what changed.\n\n"
-        "examples:\n"
-        "  builder lock --target sm120            # re-resolve, then git diff the lock\n"
-        "  builder lock --target sm120 --check    # exit 1 when the lock is stale (for CI)",
-        uses=(PROJECT, FETCH),  # every upstream: a lock for part of the image is no lock
-    )
-    lock_cmd.add_argument(
-        "--check",
-        action="store_true",
-        help="only check the lock against what the patched sources require; write nothing",
-    )
-    lock_cmd.add_argument(
-        "--out",
-        dest="output",
-        metavar="FILE",
-        help="where to write it (default: the target's [image] lock)",
-    )
-    lock_cmd.add_argument("--output", dest="output", help=argparse.SUPPRESS)  # its old name
-    lock_cmd.add_argument(
-        "--runtime-requirements",
-        metavar="FILE",
-        help="resolve these top-level requirements instead of the wheels' (no wheels are built)",
-    )
-    lock_cmd.add_argument(
-        "--pip-index-url", metavar="URL", help="index to resolve from (default: the target's)"
-    )
-    lock_cmd.add_argument(
-        "--pip-extra-index-url", metavar="URL", help="extra index (default: the target's, if any)"
-    )
-    lock_cmd.add_argument(
-        "--python-version",
-        metavar="X.Y",
-        help="the image's Python (default: the target's [image] python)",
-    )
-    lock_cmd.add_argument(
-        "--python-platform",
-        metavar="PLATFORM",
-        help="uv's platform, e.g. x86_64-manylinux_2_39 (default: the target's [image] platform)",
-    )
-    # It built the wheels once; it reads their requirements from the sources now.
-    lock_cmd.add_argument("--wheelhouse", help=argparse.SUPPRESS)
-
-    publish_cmd = add_command(
-        sub,
-        "publish",
-        cmd_publish,
-        "publish the patched wheels to a private index (runs wheels first)",
-        "Upload the wheels to a package index with twine, or write them into a static PEP 503 "
-        "index. A file already on the index with the same sha256 is skipped; the same name "
-        "with another sha256 is refused. Each wheel is resolved back from the index and its "
-        "sha256 compared before it is recorded as published in the manifest.\n\n"
-        "examples:\n"
-        "  TWINE_USERNAME=ci TWINE_PASSWORD=... builder publish --publish-index https://pypi.internal/\n"
-        "  builder publish --publish-static /srv/www/wheels   # then pip install --index-url "
-        "https://host/wheels/simple/ sglang==0.5.9",
-    )
-    _add_wheelhouse(publish_cmd)
-    _publish_options(publish_cmd, "--index", "--static")
-    publish_cmd.add_argument("--manifest-dir", metavar="DIR", help="where manifests go")

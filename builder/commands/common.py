@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from builder import pipeline, validate
+from builder.cache import locked
 from builder.settings import (
     CACHE_ENV,
     DATA_ENV,
@@ -179,3 +180,23 @@ def add_command(
     add_output_options(command)
     command.set_defaults(func=func)
     return command
+
+
+def wheelhouse_dir(args: argparse.Namespace, ctx: pipeline.Context) -> Path:
+    return Path(args.wheelhouse or Path("wheelhouse") / ctx.target.name).resolve()
+
+
+def add_wheelhouse(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--wheelhouse", help="where the wheels are copied (default: ./wheelhouse/<target>)"
+    )
+
+
+def forks_and_wheels(args: argparse.Namespace, ctx: pipeline.Context):
+    """Run sources -> patch -> wheels under the cache lock; ({name: fork}, {name: wheel})."""
+    with locked(ctx.cache_dir):
+        built = pipeline.wheels(ctx, wheelhouse_dir(args, ctx))
+    return (
+        {name: fork for name, (fork, _) in built.items()},
+        {name: wheel for name, (_, wheel) in built.items()},
+    )
