@@ -7,7 +7,7 @@ import sys
 import traceback
 
 from builder import __version__, progress
-from builder.commands import build, jit, lock, patches, publish, qualify, serve
+from builder.commands import build, check, jit, lock, patches, publish, qualify, serve
 from builder.commands.common import EPILOG, HelpFormatter, print_json
 from builder.errors import EXIT_CODES, EXIT_CODES_HELP, BuilderError, Unreachable
 
@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     patches.register(sub)
     jit.register(sub)
     serve.register(sub)
+    check.register(sub)
     qualify.register(sub)
     return parser
 

@@ -1,0 +1,230 @@
+"""Commands that check, on the GPU VM: verify (an image against its promises) and doctor
+(this machine against a profile's needs)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from docker.errors import ImageNotFound, NotFound
+from packaging.version import Version
+
+from builder import (
+    docker_client,
+    doctor,
+    launch,
+    manifest,
+    runtime_jit,
+    validate,
+    verify,
+)
+from builder import recipe as image_recipe
+from builder.commands.common import (
+    HelpFormatter,
+    add_output_options,
+    add_project_options,
+    print_json,
+)
+from builder.commands.serve import compiled_line, say_receipt
+from builder.errors import BuilderError
+from builder.kernels import packs
+from builder.settings import resolve_data_dir
+from builder.target import load_target
+
+
+def cmd_verify(args: argparse.Namespace) -> None:
+    validate.image_reference("verify IMAGE", args.image)
+    record = manifest.load(Path(args.manifest)) if args.manifest else None
+    if record is not None and not (record.get("image") or {}).get("image_id"):
+        raise BuilderError(
+            f"--manifest {args.manifest}: records no image (a publish manifest?); give the "
+            "manifest `builder image` wrote"
+        )
+    if args.lock and not Path(args.lock).is_file():
+        raise BuilderError(f"--lock {args.lock}: no such file")
+    client = docker_client.connect()
+    built, checks = verify.verify(client, args.image)
+    if record is not None:
+        checks += verify.against_manifest(client, args.image, built, record)
+    if args.lock:
+        checks.append(verify.against_lock(client, args.image, Path(args.lock)))
+    failed = [check for check in checks if not check.ok]
+    verdict = (
+        f"{len(failed)} of {len(checks)} checks failed"
+        if failed
+        else f"all {len(checks)} checks passed: {args.image} is what its recipe says"
+    )
+    receipt = say_receipt(client, args.image)
+    if args.json:
+        result = {
+            "image": args.image,
+            "target": built["target"]["name"],
+            "checks": [check.to_json() for check in checks],
+            "receipt": receipt,
+        }
+        print_json(result, ok=not failed)
+    else:
+        for check in checks:
+            print(f"{'ok  ' if check.ok else 'FAIL'} {check.check}: {check.detail}")
+        print(verdict)
+    if failed:
+        raise SystemExit(1)
+
+
+def cmd_doctor(args: argparse.Namespace) -> None:
+    if args.image:
+        validate.image_reference("--image", args.image)
+        # On a VM: everything from the image's recipe, no checkout needed.
+        built = image_recipe.launch_recipe(args.image)
+        known = image_recipe.profiles_of(built, args.image)
+        cuda_version = Version(built["target"]["cuda_version"])
+        arch_list = built["target"]["arch_list"]
+    else:
+        target = load_target(resolve_data_dir(args.data_dir), args.target)
+        known = launch.Profiles.of(target.file)
+        cuda_version, arch_list = target.cuda_version, target.arch_list
+    recipe = launch.resolve(known, args.profile, args.image or "-", launch.Overrides())
+    profile = launch.flattened(known, recipe.profile)
+    tp = _tp_size(recipe.args)
+    compute_cap = arch_list[0].rstrip("af")
+
+    gpu_text = doctor.run_command(doctor.GPU_QUERY)
+    findings = []
+    if gpu_text is None:
+        findings.append(
+            doctor.Finding(
+                "gpus",
+                False,
+                "nvidia-smi not found or failed",
+                "install the NVIDIA driver in the VM (and pass the GPUs through)",
+            )
+        )
+    else:
+        gpus = doctor.parse_gpus(gpu_text)
+        memory = launch.profile_number(
+            profile, "min_gpu_memory_gib", 0, f"profile '{recipe.profile}'"
+        )
+        findings += doctor.check_gpus(gpus, compute_cap, tp, memory)
+        findings.append(doctor.check_driver(gpus, cuda_version))
+        topo = doctor.run_command(["nvidia-smi", "topo", "-m"])
+        if topo:
+            findings.append(doctor.check_topology(doctor.parse_topology(topo)))
+        if profile.get("needs_peer_access"):
+            p2p = doctor.run_command(doctor.P2P_QUERY) or ""
+            status = doctor.parse_topology(p2p) if p2p.strip() else {}
+            findings.append(doctor.check_peer_access(status, tp))
+    findings.append(doctor.check_shm(doctor.shm_free_bytes()))
+    info = None
+    client = None
+    try:
+        client = docker_client.connect()
+        info = client.info()
+    except BuilderError:
+        pass
+    findings.append(doctor.check_runtime(info))
+    if args.container and client is not None:
+        try:
+            container = client.containers.get(args.container)
+        except NotFound:
+            raise BuilderError(f"--container {args.container}: no such container") from None
+        compiled = [m.name for m in packs.compiled_in_container(container)]
+        findings.append(
+            doctor.Finding(
+                "jit",
+                not compiled,
+                compiled_line(compiled, args.container),
+                f"builder jit harvest --container {args.container}, then builder image",
+            )
+        )
+        others = runtime_jit.compiled_in_container(container)
+        findings.append(
+            doctor.Finding(
+                "other jit",
+                others.by_cache is not None and not others.total,
+                others.summary(),
+                "kept on the profile's sglang cache volume: the next start on this host "
+                "reuses them (if it does not, the volume is missing from the run command)",
+            )
+        )
+    if args.image and client is not None:
+        present = True
+        try:
+            client.images.get(args.image)
+        except ImageNotFound:
+            present = False
+        findings.append(doctor.check_image(args.image, present))
+
+    failed = [f for f in findings if not f.ok]
+    if args.json:
+        print_json({"findings": [f.to_json() for f in findings]}, ok=not failed)
+    else:
+        for finding in findings:
+            mark = "ok  " if finding.ok else "FAIL"
+            print(f"{mark} {finding.check}: {finding.detail}")
+            if finding.fix and (not finding.ok or args.verbose):
+                print(f"     fix: {finding.fix}")
+    if failed:
+        raise SystemExit(1)
+
+
+def _tp_size(args: tuple[str, ...]) -> int:
+    for flag in ("--tp", "--tp-size", "--tensor-parallel-size"):
+        if flag in args:
+            return int(args[args.index(flag) + 1])
+    return 1
+
+
+def register(sub) -> None:
+    verify_cmd = sub.add_parser(
+        "verify",
+        help="check inside an image everything its recipe promises",
+        description="Check an image against the recipe it carries (/opt/builder/recipe.json), "
+        "in a container without network: labels; every wheel installed at its version with "
+        "every file matching its RECORD sha256; the lines each patch adds; builder's own "
+        "kernel wheel for exactly the installed flashinfer build (never the official "
+        "flashinfer-jit-cache), every listed module loading from it with JIT disabled, byte "
+        "for byte, with GPU code for the target arch; `pip check`. One line per check; exit "
+        "code 0 when all pass, 1 otherwise. Pulls the image when it is not here. With "
+        "--manifest and --lock (the build host's), also that the image and its wheels are "
+        "the ones the build recorded and its runtime packages the lock's, not only what the "
+        "image says of itself.\n\n"
+        "examples:\n"
+        "  builder verify registry.example.com/ml/sglang-sm120@sha256:...\n"
+        "  builder verify $IMAGE --manifest manifests/sm120/latest.json "
+        "--lock images/sm120/runtime-lock.txt",
+        formatter_class=HelpFormatter,
+    )
+    verify_cmd.add_argument("image", metavar="IMAGE", help="image reference (tag or digest)")
+    verify_cmd.add_argument(
+        "--manifest", metavar="FILE", help="the build's manifest: the image and wheels it recorded"
+    )
+    verify_cmd.add_argument(
+        "--lock", metavar="FILE", help="a runtime lock: each package installed at its version"
+    )
+    add_output_options(verify_cmd)
+    verify_cmd.set_defaults(func=cmd_verify)
+
+    doctor_cmd = sub.add_parser(
+        "doctor",
+        help="check a GPU VM: driver, GPUs, memory, runtime, shm, topology, image",
+        description="Check that this machine can run the target's image with a launch profile: "
+        "NVIDIA driver new enough for the target's CUDA, GPU count and compute capability, "
+        "memory per GPU, NVIDIA container runtime, /dev/shm, GPU topology (P2P over PCIe or "
+        "NVLink) and, with --image, that the image is present. Each failing check says how "
+        "to fix it; exit code 1 if any fails.\n\n"
+        "examples:\n"
+        "  builder doctor --target sm120 --image $IMAGE --profile glm5-nvfp4-tp8-pcie-ar\n"
+        "  builder doctor --container sglang-glm5      # what the running server compiled",
+    )
+    add_project_options(doctor_cmd)
+    doctor_cmd.add_argument(
+        "--profile", help="launch profile whose TP size and memory to check (default: the target's)"
+    )
+    doctor_cmd.add_argument("--image", metavar="REF", help="image reference that should be present")
+    doctor_cmd.add_argument(
+        "--container",
+        help="a server container: report FlashInfer modules it compiled at start-up (0 expected)",
+    )
+    doctor_cmd.add_argument("--verbose", action="store_true", help="show hints for passing checks")
+    add_output_options(doctor_cmd)
+    doctor_cmd.set_defaults(func=cmd_doctor)
