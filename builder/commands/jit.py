@@ -125,7 +125,8 @@ def register(sub) -> None:
     source.add_argument("--container", help="container name or id (on this Docker engine)")
     source.add_argument(
         "--workspace",
-        help="a FlashInfer workspace base on this machine (bare metal: $HOME by default)",
+        help="a FlashInfer workspace base on this machine (on bare metal FlashInfer uses "
+        "$FLASHINFER_WORKSPACE_BASE, else $HOME: pass that)",
     )
     harvest.add_argument(
         "--out", help="folder for the pack (default: <cache>/kernel-packs, where image looks)"
