@@ -49,20 +49,24 @@ TARGET_ENV = "BUILDER_TARGET"
 
 EPILOG = f"""\
 environment:
-  {TARGET_ENV}       the target when --target is not given (default: {DEFAULT_TARGET})
-  {DATA_ENV}   project data (images/, forks/) to use instead of the checkout's;
-                     copy them to try another pin or patch set without editing the repo
-  {CACHE_ENV}  cache for mirrors, work trees and wheels (default: the user cache dir)
-  {MIRRORS_ENV}    space-separated FROM=TO URL rewrites, after --mirror
-  BUILDER_KERNEL_REGISTRY      REGISTRY/REPO where build hosts share compiled kernels
-  BUILDER_KERNEL_TRUSTED_KEYS  file of public keys whose kernel entries are used
-  BUILDER_KERNEL_SIGNING_KEY   PEM file that signs the kernel entries this host shares
-  BUILDER_REGISTRY_USERNAME, BUILDER_REGISTRY_PASSWORD
-                     registry credentials (else `docker login`'s), sent only to
-  BUILDER_REGISTRY_HOST        this registry (host, or host:port)
-  TWINE_USERNAME, TWINE_PASSWORD   package index credentials for publishing
-  HF_TOKEN           passed to the server container by name (never stored in a file)
-config file: {config_file()} ([mirrors] table of "FROM" = "TO")
+  {TARGET_ENV:<28} the target without --target (default: {DEFAULT_TARGET})
+  {DATA_ENV:<28} images/ and forks/ instead of the checkout's
+  {"":<28} (a copy: try a pin or a patch set safely)
+  {CACHE_ENV:<28} mirrors, work trees, wheels and kernels
+  {"":<28} (default: the user cache directory)
+  {MIRRORS_ENV:<28} space-separated FROM=TO URL rewrites
+  BUILDER_KERNEL_REGISTRY      REGISTRY/REPO where hosts share kernels
+  BUILDER_KERNEL_TRUSTED_KEYS  public keys whose kernel entries are used
+  BUILDER_KERNEL_SIGNING_KEY   PEM file that signs this host's entries
+  BUILDER_REGISTRY_USERNAME    registry credentials (else docker login's),
+  BUILDER_REGISTRY_PASSWORD    sent only to the registry named by
+  BUILDER_REGISTRY_HOST        this (host, or host:port)
+  TWINE_USERNAME               package index credentials for publishing
+  TWINE_PASSWORD               (or keyring, or ~/.pypirc)
+  HF_TOKEN                     passed to the server by name; builder never
+  {"":<28} writes its value (deploy-files: a 0600 file)
+config file: {config_file()}
+  ([mirrors] table of "FROM" = "TO")
 """
 
 
