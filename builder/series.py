@@ -25,6 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pygit2
+import tomlkit
+import tomlkit.exceptions
 from packaging.utils import parse_wheel_filename
 from pygit2.enums import ApplyLocation, CheckoutStrategy, DiffStatsFormat
 
@@ -304,29 +306,24 @@ def _version_at(repo, commit: str, fork: Fork, onto: str) -> str:
 
 
 def _rewritten_pin(pin_path: Path, text: str, fields: dict[str, str]) -> str:
-    """pin.toml's text with its top-level `fields` replaced, comments and layout kept; read
-    back with a TOML parser, it must be the old document with exactly those values changed.
-    Upstream text (a tag name, a file name) goes into it: only plain characters."""
-    original = text
+    """pin.toml's text with its top-level `fields` set by a TOML writer that keeps comments
+    and layout (tomlkit); read back with a TOML parser, it must be the old document with
+    exactly those values changed. Upstream text (a tag name, a file name) goes into it:
+    only plain characters, though the writer would quote anything."""
     for key, value in fields.items():
         if not re.fullmatch(r"[A-Za-z0-9._+/@-]+", value):
             raise BuilderError(f"{pin_path}: refusing to write {key} = {value!r}")
-        text = re.sub(
-            rf"""(?m)^([ \t]*{key}[ \t]*=[ \t]*)("[^"\\\n]*"|'[^'\n]*')""",
-            lambda match, value=value: f'{match.group(1)}"{value}"',
-            text,
-            count=1,
-        )
     try:
-        before, after = tomllib.loads(original), tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        before = tomllib.loads(text)
+        document = tomlkit.parse(text)
+    except (tomllib.TOMLDecodeError, tomlkit.exceptions.ParseError) as exc:
         raise BuilderError(f"{pin_path}: not valid TOML ({exc})") from None
-    if after != {**before, **fields}:
-        raise BuilderError(
-            f"{pin_path}: cannot rewrite {', '.join(fields)} in place (each a top-level "
-            "`key = \"value\"` line); set them by hand"
-        )
-    return text
+    for key, value in fields.items():
+        document[key] = value
+    written = tomlkit.dumps(document)
+    if tomllib.loads(written) != {**before, **fields}:
+        raise BuilderError(f"{pin_path}: rewriting {', '.join(fields)} changed other values")
+    return written
 
 
 def _write_series(repo, fork: Fork, series: str, ref: str, onto_commit: str, head: str) -> dict:

@@ -193,16 +193,16 @@ def test_upstream_text_never_injects_into_the_pin(
     assert _files(fork.directory) == before
 
 
-def test_a_pin_it_cannot_rewrite_in_place_is_refused_not_left_stale(tmp_path: Path) -> None:
+def test_a_pin_a_text_edit_would_miss_is_rewritten_by_the_toml_writer(tmp_path: Path) -> None:
     """`commit` as a quoted key: a text edit would miss it, and the series would move to
-    the new upstream while the pin still named the old one."""
+    the new upstream while the pin still named the old one. The TOML writer sets it."""
     repo, fork, onto, head = _refresh_fixture(tmp_path)
     pin = fork.directory / "pin.toml"
     pin.write_text(pin.read_text().replace('\ncommit = "', '\n"commit" = "', 1))
-    before = _files(fork.directory)
-    with pytest.raises(BuilderError, match="cannot rewrite commit, ref, version in place"):
-        series._write_series(repo, fork, "sm120", "refs/tags/v0.6.16", onto, head)
-    assert _files(fork.directory) == before
+    old = tomllib.loads(pin.read_text())
+    series._write_series(repo, fork, "sm120", "refs/tags/v0.6.16", onto, head)
+    new = tomllib.loads(pin.read_text())
+    assert new == {**old, "commit": onto, "ref": "refs/tags/v0.6.16", "version": "0.6.16"}
 
 
 def test_a_failed_pin_swap_puts_the_old_series_back(tmp_path: Path, monkeypatch) -> None:
