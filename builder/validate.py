@@ -7,7 +7,7 @@ import math
 import re
 import tempfile
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from builder.errors import BuilderError
 from builder.urls import redact
@@ -44,13 +44,19 @@ def writable_dir(flag: str, value: str) -> Path:
     return path
 
 
-def http_url(flag: str, value: str) -> str:
+def _http_parts(value: str) -> SplitResult | None:
+    """An http(s) URL with a host, split; None for anything else (a bad port or an unclosed
+    [IPv6 address included: urlsplit raises on those)."""
     try:
         parts = urlsplit(value)
         parts.port  # noqa: B018 - raises on a bad port
-    except ValueError:  # a bad port or an unclosed [IPv6 address
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+    except ValueError:
+        return None
+    return parts if parts.scheme in ("http", "https") and parts.hostname else None
+
+
+def http_url(flag: str, value: str) -> str:
+    if _http_parts(value) is None:
         raise BuilderError(f"{flag} {redact(value)}: expected an http(s)://HOST/... URL")
     return value
 
@@ -93,12 +99,8 @@ def image_reference(flag: str, value: str) -> str:
 
 def server_url(what: str, value: str) -> str:
     """A server root, `http(s)://HOST:PORT` (the readiness stages add their own paths)."""
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018 - raises on a bad port
-    except ValueError:  # a bad port or an unclosed [IPv6 address
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+    parts = _http_parts(value)
+    if parts is None:
         raise BuilderError(f"{what} '{redact(value)}': expected http://HOST:PORT")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise BuilderError(
