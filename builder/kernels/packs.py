@@ -84,16 +84,37 @@ def compiled_in_workspace(workspace: Path) -> list[CompiledModule]:
 JOURNAL = "generators.jsonl"  # images/sm120/jit_journal.py writes it beside cached_ops/
 _JOURNAL_LIMIT = 4 << 20
 _MODULE_NAME = re.compile(r"[A-Za-z0-9_]{1,200}")
-_GENERATOR = re.compile(r"flashinfer(\.[a-z_][a-z0-9_]*)+:gen_\w+\(.*\)", re.DOTALL)
+_GENERATOR = re.compile(r"flashinfer\.jit(\.[a-z_][a-z0-9_]*)*:gen_\w+\(.*\)", re.DOTALL)
 _TORCH_NAME = re.compile(r"[a-z][a-z0-9_]*")
+_PLAIN_STRING = re.compile(r"[A-Za-z0-9_.]{0,64}")  # as images/sm120/jit_journal.py notes
+
+
+def _plain_argument(node: ast.expr) -> bool:
+    """A number (signed), bool or None, a short identifier-like string, or torch.<dtype>:
+    what chooses among FlashInfer's own templates, never source text."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        node = node.operand
+        return isinstance(node, ast.Constant) and type(node.value) in (int, float)
+    if isinstance(node, ast.Constant):
+        value = node.value
+        if isinstance(value, str):
+            return bool(_PLAIN_STRING.fullmatch(value))
+        return value is None or type(value) in (bool, int, float)
+    return (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "torch"
+        and bool(_TORCH_NAME.fullmatch(node.attr))
+    )
 
 
 def check_generator(entry: str, origin: str) -> str:
-    """A harvested generator call, or a one-line refusal: a public FlashInfer `gen_*`
-    function of a `flashinfer.` module, called with literals and `torch.<dtype>` only. What
-    a server hands back names a call; it never carries code or compiled bytes."""
+    """A harvested generator call, or a one-line refusal: a public `gen_*` function of a
+    `flashinfer.jit` module (none of the `gen_customize_*` ones, which take C++ source),
+    called with plain arguments only. What a server hands back names a call; it never
+    carries code or compiled bytes."""
     refused = BuilderError(f"{origin}: generator {entry[:200]!r} is not a FlashInfer call: refused")
-    if len(entry) > 2000 or not _GENERATOR.fullmatch(entry):
+    if len(entry) > 2000 or not _GENERATOR.fullmatch(entry) or "customize" in entry.split("(")[0]:
         raise refused
     try:
         call = ast.parse(entry.partition(":")[2], mode="eval").body
@@ -101,33 +122,30 @@ def check_generator(entry: str, origin: str) -> str:
         raise refused from None
     if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
         raise refused
-    for node in [*call.args, *(keyword.value for keyword in call.keywords)]:
-        constant = isinstance(node, ast.Constant) and not isinstance(node.value, bytes)
-        torch_dtype = (
-            isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name)
-            and node.value.id == "torch"
-            and _TORCH_NAME.fullmatch(node.attr)
-        )
-        if not (constant or torch_dtype):
-            raise refused
     if any(keyword.arg is None for keyword in call.keywords):
+        raise refused
+    if not all(_plain_argument(node) for node in [*call.args, *(k.value for k in call.keywords)]):
         raise refused
     return entry
 
 
 def _journal(text: str, origin: str) -> dict[str, str]:
-    """{module name: generator call} from a workspace's journal; a line that is not one
-    well-formed record is skipped, a bad call refused."""
+    """{module name: generator call} from a workspace's journal. A server writes it: a line
+    that is not one well-formed record, or names anything but a plain FlashInfer call, is
+    skipped with a warning (that module is then harvested without a call)."""
     found = {}
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         try:
             record = json.loads(line)
             name, generator = record["name"], record["generator"]
         except (ValueError, KeyError, TypeError):
             continue
-        if isinstance(name, str) and _MODULE_NAME.fullmatch(name) and isinstance(generator, str):
-            found[name] = check_generator(generator, origin)
+        if not (isinstance(name, str) and _MODULE_NAME.fullmatch(name)):
+            continue
+        try:
+            found[name] = check_generator(str(generator), f"{origin}:{number}")
+        except BuilderError as exc:
+            progress.warn(f"{exc} (skipped)")
     return found
 
 
@@ -178,8 +196,11 @@ def harvest_container(container, out: Path) -> tuple[list[CompiledModule], Path 
     generators: dict[str, str] = {}
     for arch_root in sorted({m.directory.rsplit("/cached_ops/", 1)[0] for m in modules}):
         try:
-            chunks, _ = container.get_archive(f"{arch_root}/{JOURNAL}")
+            chunks, stat = container.get_archive(f"{arch_root}/{JOURNAL}")
         except docker.errors.NotFound:
+            continue
+        if stat.get("size", 0) > _JOURNAL_LIMIT:  # asked before a byte of it is read
+            progress.warn(f"{origin}: its {JOURNAL} is over {_JOURNAL_LIMIT} bytes: not read")
             continue
         with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
             member = next((m for m in tar if m.isfile() and m.size <= _JOURNAL_LIMIT), None)
@@ -200,7 +221,8 @@ def harvest_workspace(workspace: Path, out: Path) -> tuple[list[CompiledModule],
         journal = arch_root / JOURNAL
         if journal.is_file() and not journal.is_symlink():
             if journal.stat().st_size > _JOURNAL_LIMIT:
-                raise BuilderError(f"{journal}: larger than {_JOURNAL_LIMIT} bytes: refused")
+                progress.warn(f"{journal}: over {_JOURNAL_LIMIT} bytes: not read")
+                continue
             generators.update(_journal(journal.read_text(errors="replace"), str(journal)))
     return modules, write_pack(modules, generators, out, origin)
 

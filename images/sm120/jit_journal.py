@@ -15,41 +15,51 @@ flashinfer source and checks that the call makes a module of that name. Nothing 
 stop a server, so every failure is swallowed.
 """
 
-import ast
 import contextlib
 import importlib.abc
 import inspect
 import json
+import math
 import os
+import re
 import sys
 
 _CORE = "flashinfer.jit.core"
 JOURNAL = "generators.jsonl"
 
 
+# What builder accepts back (builder/kernels/packs.py check_generator): a FlashInfer
+# generator whose arguments only choose among FlashInfer's own templates. A string is a
+# short identifier, never source text; `gen_customize_*` take C++ source and are never noted.
+_PLAIN_STRING = re.compile(r"[A-Za-z0-9_.]{0,64}")
+
+
 def _literal(value):
-    """The source text of a generator argument, or None: literals and torch dtypes only."""
+    """The source text of a generator argument, or None: plain literals and torch dtypes."""
     if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
         return str(value)  # torch.float16
-    if value is None or isinstance(value, (bool, int, float, str)):
-        text = repr(value)
-        if ast.literal_eval(text) == value:
-            return text
+    if isinstance(value, str):
+        return repr(value) if _PLAIN_STRING.fullmatch(value) else None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
     return None
 
 
 def _generator_call(frame) -> str | None:
     """`module:gen_function(name=value, ...)` of the innermost public FlashInfer generator on
-    the stack whose arguments are all literals."""
+    the stack whose arguments are all plain literals."""
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         name = frame.f_code.co_name
-        function = frame.f_globals.get(name)
+        function = inspect.unwrap(frame.f_globals.get(name, None) or (lambda: None))
         if (
-            module.startswith("flashinfer.")
+            module.startswith("flashinfer.jit.")
             and module != _CORE  # gen_jit_spec itself
             and name.startswith("gen_")
-            and getattr(function, "__code__", None) is frame.f_code
+            and "customize" not in name
+            and getattr(function, "__code__", None) is frame.f_code  # functools.cache too
         ):
             info = inspect.getargvalues(frame)
             if not info.varargs and not info.keywords:
@@ -67,8 +77,10 @@ def _note(core, spec) -> None:
     if call is None:
         return
     line = json.dumps({"name": spec.name, "generator": call}) + "\n"
-    journal = os.path.join(os.fspath(core.jit_env.FLASHINFER_JIT_DIR), os.pardir, JOURNAL)
-    descriptor = os.open(os.path.normpath(journal), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    folder = os.path.dirname(os.fspath(core.jit_env.FLASHINFER_JIT_DIR))  # <version>/<arch>
+    os.makedirs(folder, exist_ok=True)
+    journal = os.path.join(folder, JOURNAL)
+    descriptor = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(descriptor, line.encode())  # one write: lines of several processes stay whole
     finally:
@@ -88,31 +100,44 @@ def _wrap(core) -> None:
 
 
 class _AfterCoreImport(importlib.abc.MetaPathFinder):
+    """Wraps flashinfer.jit.core's registry once that module has run; any failure leaves
+    the import as it would have been without this hook."""
+
+    def __init__(self) -> None:
+        self._searching = False
+
     def find_spec(self, fullname, path, target=None):
-        if fullname != _CORE:
+        if fullname != _CORE or self._searching:
             return None
-        sys.meta_path.remove(self)
-        spec = next(
-            (
-                found
-                for finder in sys.meta_path
-                if hasattr(finder, "find_spec")
-                and (found := finder.find_spec(fullname, path, target)) is not None
-            ),
-            None,
-        )
-        if spec is None or spec.loader is None:
+        self._searching = True
+        try:
+            spec = next(
+                (
+                    found
+                    for finder in sys.meta_path
+                    if finder is not self
+                    and hasattr(finder, "find_spec")
+                    and (found := finder.find_spec(fullname, path, target)) is not None
+                ),
+                None,
+            )
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return None
+            execute = spec.loader.exec_module
+
+            def exec_module(module):
+                execute(module)
+                with contextlib.suppress(Exception):
+                    _wrap(module)
+                    sys.meta_path.remove(self)  # done: later imports pay nothing
+
+            spec.loader.exec_module = exec_module
             return spec
-        execute = spec.loader.exec_module
-
-        def exec_module(module):
-            execute(module)
-            with contextlib.suppress(Exception):
-                _wrap(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
+        except Exception:
+            return None
+        finally:
+            self._searching = False
 
 
-if not any(isinstance(finder, _AfterCoreImport) for finder in sys.meta_path):
+if not any(type(finder).__name__ == "_AfterCoreImport" for finder in sys.meta_path):
     sys.meta_path.insert(0, _AfterCoreImport())

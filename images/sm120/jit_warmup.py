@@ -76,12 +76,20 @@ def job_budget(requested: int, job_memory_gb: float) -> tuple[int, str]:
     return jobs, f"{jobs} (cores {cores}, memory allows {by_memory} at {job_memory_gb} GB/job)"
 
 
-def generator_argument(node: ast.expr, entry: str):
-    """A literal, or `torch.<dtype>`: all a FlashInfer generator takes for its module's shape."""
-    if isinstance(node, ast.Constant):
-        return node.value
-    torch_name = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-    if torch_name and node.value.id == "torch":
+_PLAIN_STRING = re.compile(r"[A-Za-z0-9_.]{0,64}")  # a harvested call's strings (jit_journal.py)
+
+
+def generator_argument(node: ast.expr, entry: str, plain: bool = False):
+    """A literal (a number may be negative), or `torch.<dtype>`: all a FlashInfer generator
+    takes for its module's shape. `plain` (a harvested call): strings are short identifiers."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        if isinstance(node.operand, ast.Constant) and type(node.operand.value) in (int, float):
+            return -node.operand.value
+    elif isinstance(node, ast.Constant):
+        value = node.value
+        if not (plain and isinstance(value, str) and not _PLAIN_STRING.fullmatch(value)):
+            return value
+    elif isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == "torch":
         import torch
 
         value = getattr(torch, node.attr, None)
@@ -92,11 +100,15 @@ def generator_argument(node: ast.expr, entry: str):
 
 def load_spec(entry: str, harvested: dict | None = None):
     """`package.module:gen_function` or `package.module:gen_function(arg, ...)` -> JitSpec.
-    A `harvested` entry (from a kernel pack) must be a FlashInfer `gen_*` call that makes
-    the module the pack names."""
+    A `harvested` entry (from a kernel pack) must be a plain call of a `flashinfer.jit`
+    generator (not `gen_customize_*`: those take C++ source) that makes the module the pack
+    names."""
     module_name, _, call = entry.partition(":")
-    if harvested is not None and not (
-        module_name.startswith("flashinfer.") and call.strip().startswith("gen_")
+    plain = harvested is not None
+    if plain and not (
+        module_name.startswith("flashinfer.jit.")
+        and call.strip().startswith("gen_")
+        and "customize" not in call.split("(")[0]
     ):
         fail(f"kernel pack {harvested['pack']}: {entry} is not a FlashInfer generator: refused")
     try:
@@ -111,10 +123,10 @@ def load_spec(entry: str, harvested: dict | None = None):
         generator = getattr(importlib.import_module(module_name), parsed.func.id)
     except (ImportError, AttributeError) as exc:
         fail(f"cannot load generator {entry}: {exc}")
-    args = [generator_argument(node, entry) for node in parsed.args]
-    kwargs = {kw.arg: generator_argument(kw.value, entry) for kw in parsed.keywords}
+    args = [generator_argument(node, entry, plain) for node in parsed.args]
+    kwargs = {kw.arg: generator_argument(kw.value, entry, plain) for kw in parsed.keywords}
     spec = generator(*args, **kwargs)
-    if harvested is not None and spec.name != harvested["name"]:
+    if plain and spec.name != harvested["name"]:
         fail(
             f"kernel pack {harvested['pack']}: {entry} makes module {spec.name}, "
             f"not {harvested['name']}: refused"
@@ -556,7 +568,14 @@ def main() -> None:
     except (ValueError, TypeError):
         fail(f"--harvested must be a JSON object, not {args.harvested!r}")
     names += [entry for entry in harvested if entry not in names]
-    specs = {name: load_spec(name, harvested.get(name)) for name in names}
+    specs = {}
+    for name in names:
+        spec = load_spec(name, harvested.get(name))
+        made_by = next((other for other, s in specs.items() if s.name == spec.name), None)
+        if made_by and name in harvested:  # it would overwrite that module's files
+            fail(f"kernel pack {harvested[name]['pack']}: {name} makes {spec.name}, "
+                 f"which {made_by} already makes: refused")  # fmt: skip
+        specs[name] = spec
     lookups = {name: lookup_key(spec, compiler, arch_list) for name, spec in specs.items()}
     if args.await_entries:
         print(f"jit-warmup: lookups {json.dumps(list(lookups.values()))}", flush=True)
