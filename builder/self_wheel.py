@@ -2,15 +2,17 @@
 from the site's private index: no checkout, no git.
 
 It is built from the source tree builder runs from, with a local version that names the
-sources (`0.1.0+src.<sha256 of them, 10 digits>`): the index never holds two different files
-under one name, a changed builder gets a new name, and the same sources make the same bytes
-(fixed SOURCE_DATE_EPOCH). PyPI refuses local versions, so `builder==<that version>` from a
-mix of indexes can only ever resolve to the private index's file.
+sources and the backend that packs them (`0.1.0+src<sha256, 10 hex digits>`): the index
+never holds two different files under one name, a changed builder gets a new name, and the
+same sources make the same bytes (fixed SOURCE_DATE_EPOCH, fixed modes). PyPI refuses local
+versions, so `builder==<that version>` from a mix of indexes can only ever resolve to the
+private index's file.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import re
 import shutil
@@ -27,6 +29,7 @@ from builder.identity import PACKAGE
 from builder.wheels import BuiltWheel
 
 _TEXT = ("pyproject.toml", "README.md")
+_BACKEND = ("setuptools", "wheel", "build")  # another version may pack other bytes
 _EPOCH = "315532800"  # 1980-01-01: the oldest time a zip entry can hold
 _BUILD_TIMEOUT = 600
 
@@ -48,11 +51,15 @@ def _sources(root: Path) -> list[Path]:
 
 
 def source_version(root: Path) -> str:
+    """`<version>+src<10 hex digits>` over the sources and the backend that packs them (one
+    alphanumeric segment: an all-digit one would be normalised, losing leading zeros)."""
     digest = hashlib.sha256()
+    for name in _BACKEND:
+        digest.update(f"\0{name}=={importlib.metadata.version(name)}".encode())
     for path in _sources(root):
         digest.update(f"\0{path.relative_to(root).as_posix()}\0".encode())
         digest.update(path.read_bytes())
-    return f"{__version__}+src.{digest.hexdigest()[:10]}"
+    return f"{__version__}+src{digest.hexdigest()[:10]}"
 
 
 def build(cache_dir: Path) -> BuiltWheel | None:
@@ -68,8 +75,10 @@ def build(cache_dir: Path) -> BuiltWheel | None:
     with tempfile.TemporaryDirectory(prefix="builder-self-wheel-") as tmp:
         tree = Path(tmp) / "src"
         for path in _sources(root):
-            (tree / path.relative_to(root)).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, tree / path.relative_to(root))
+            copy = tree / path.relative_to(root)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, copy)
+            copy.chmod(0o644)  # the wheel records modes: not this checkout's
         init = tree / "builder" / "__init__.py"
         text, count = re.subn(
             r'^__version__ = "[^"]*"$', f'__version__ = "{version}"', init.read_text(), flags=re.M

@@ -78,7 +78,7 @@ def test_builder_s_own_wheel_is_named_by_its_sources_and_made_the_same_twice(
     first = self_wheel.build(tmp_path / "one")
     second = self_wheel.build(tmp_path / "two")
     assert first.version == self_wheel.source_version(REPO_ROOT)
-    assert first.version.startswith(f"{builder.__version__}+src.")
+    assert first.version.startswith(f"{builder.__version__}+src")
     assert (first.filename, first.sha256) == (second.filename, second.sha256)
     assert self_wheel.build(tmp_path / "one").cached
     with zipfile.ZipFile(first.path) as archive:

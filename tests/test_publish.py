@@ -77,7 +77,7 @@ def test_upload_then_pip_installs_the_sm120_wheels(built, index, tmp_path) -> No
     assert manifest["image"] is None
     # builder itself, so the VM installs it from here: named by its sources' sha256.
     own = manifest["builder_wheel"]
-    assert own["version"].startswith("0.1.0+src.") and "builder" not in manifest["wheels"]
+    assert own["version"].startswith("0.1.0+src") and "builder" not in manifest["wheels"]
     assert published["builder"][0]["sha256"] == own["sha256"]
     validate_manifest(manifest)
 

@@ -18,6 +18,7 @@ from builder.commands.common import (
     wheelhouse_dir,
 )
 from builder.errors import BuilderError
+from builder.identity import builder_identity
 from builder.kernels import wheel as kernel_wheel
 from builder.urls import has_credentials, redact
 from builder.wheels import BuiltWheel
@@ -98,13 +99,19 @@ def publish_wheels(
     the same index); ({wheel name: [verified records]}, builder's wheel or None)."""
     if not (args.publish or args.publish_repository or args.publish_static):
         return {name: [] for name in wheels}, None
-    own = self_wheel.build(cache_dir)
-    if own is None:
+    own = None
+    if builder_identity()["dirty"]:
+        progress.warn(
+            "builder's checkout has uncommitted changes: its own wheel is not published "
+            "(commit them, then publish again)"
+        )
+    elif (own := self_wheel.build(cache_dir)) is None:
         progress.warn(
             "builder runs from an installed wheel, not a checkout: its own wheel is not "
             "published (publish from a checkout, or upload that wheel yourself)"
         )
-    everything = {**wheels, **({"builder": own} if own else {})}
+    # builder's own first: if it cannot go up, nothing of this build has.
+    everything = {**({"builder": own} if own else {}), **wheels}
     published: dict[str, list[dict]] = {name: [] for name in everything}
     ordered = list(everything.values())
     upload_url = args.publish
