@@ -11,6 +11,8 @@ from builder.commands import build, check, jit, lock, patches, publish, qualify,
 from builder.commands.common import EPILOG, HelpFormatter, print_json
 from builder.errors import EXIT_CODES, EXIT_CODES_HELP, BuilderError, Unreachable
 
+_json_asked = False  # set by main() before parsing: a usage error cannot read args
+
 
 class _Parser(argparse.ArgumentParser):
     """A usage error is bad input: exit code 1 as in the table (argparse's own is 2, which
@@ -23,6 +25,10 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.print_usage(sys.stderr)
+        if _json_asked:  # the --json contract holds for a usage error too
+            print_json(
+                {"error": f"{self.prog}: {message}", "exit_code": EXIT_CODES["error"]}, ok=False
+            )
         self.exit(EXIT_CODES["error"], f"error: {self.prog}: {message}\n")
 
 
@@ -57,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _json_asked
+    _json_asked = "--json" in (sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     progress.set_quiet(args.quiet)
@@ -70,17 +78,20 @@ def main(argv: list[str] | None = None) -> int:
             print_json({"error": str(exc), "exit_code": code}, ok=False)
         return code
     except KeyboardInterrupt:
-        print("interrupted: the cache is consistent; run the command again", file=sys.stderr)
+        message = "interrupted: the cache is consistent; run the command again"
+        print(message, file=sys.stderr)
+        if getattr(args, "json", False):
+            print_json({"error": message, "exit_code": EXIT_CODES["interrupted"]}, ok=False)
         return EXIT_CODES["interrupted"]
     except Exception as exc:
+        message = f"internal error: {type(exc).__name__}: {exc}"
         if args.debug:
             traceback.print_exc()
-            print(f"internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print(message, file=sys.stderr)
         else:
-            print(
-                f"internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
-                file=sys.stderr,
-            )
+            print(f"{message} (rerun with --debug)", file=sys.stderr)
+        if getattr(args, "json", False):
+            print_json({"error": message, "exit_code": EXIT_CODES["internal"]}, ok=False)
         return EXIT_CODES["internal"]
     return 0
 

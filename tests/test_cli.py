@@ -94,6 +94,8 @@ def test_every_json_answer_is_one_object_with_ok_and_its_version() -> None:
     code, failed = run("jit", "list", "--target", "sm999")
     assert code == 1 and failed["ok"] is False and failed["json_version"] == 1
     assert failed["exit_code"] == 1 and "unknown target 'sm999'" in failed["error"]
+    code, usage = run("launch", "--port", "x")  # argparse's own error
+    assert code == 1 and usage["ok"] is False and "invalid int value: 'x'" in usage["error"]
 
 
 def test_every_command_s_help_shows_an_example_as_written() -> None:

@@ -150,10 +150,11 @@ def print_json(result: dict, ok: bool = True) -> None:
     print(json.dumps(shaped, indent=2, sort_keys=True))
 
 
-def emit(args: argparse.Namespace, result: dict, lines: list[str]) -> None:
-    """The result: one JSON object with --json, else lines of text."""
+def emit(args: argparse.Namespace, result: dict, lines: list[str], ok: bool = True) -> None:
+    """The result: one JSON object with --json (`ok` false when the command then exits
+    non-zero), else lines of text."""
     if args.json:
-        print_json(result)
+        print_json(result, ok)
     else:
         print("\n".join(lines))
 

@@ -30,7 +30,8 @@ def cmd_jit_list(args: argparse.Namespace) -> None:
     ]
     lines = [f"{m['generator']}\n    when {m['loaded_when']}: {m['call_site']}" for m in modules]
     lines += [f"DISAGREES: {problem}" for problem in problems]
-    emit(args, {"target": target.name, "modules": modules, "disagreements": problems}, lines)
+    result = {"target": target.name, "modules": modules, "disagreements": problems}
+    emit(args, result, lines, ok=not problems)
     if problems:
         raise SystemExit(1)
 

@@ -64,8 +64,9 @@ def cmd_patches_check(args: argparse.Namespace) -> None:
             lines += [f"            {d}" for d in patch.details]
             for file, hunks in patch.conflicts.items():
                 lines.append(f"            {file}: {'; '.join(hunks)}")
-    emit(args, {name: r.to_json() for name, r in results.items()}, lines)
-    if not all(r.unattended for r in results.values()):
+    unattended = all(r.unattended for r in results.values())
+    emit(args, {name: r.to_json() for name, r in results.items()}, lines, ok=unattended)
+    if not unattended:
         raise SystemExit(EXIT_CODES["drift"])
 
 

@@ -308,8 +308,11 @@ def _qualify(args, url: str, api_key, concurrency, needles, out: Path) -> None:
         except BuilderError as exc:
             pushed = {"error": str(exc)}
             progress.warn(f"--push-receipt: {exc}")
-    _report(args, receipt, receipt_path, plot, pushed)
-    if pushed and "error" in pushed and receipt["result"]["ok"]:
+    push_failed = bool(pushed and "error" in pushed)
+    _report(
+        args, receipt, receipt_path, plot, pushed, ok=receipt["result"]["ok"] and not push_failed
+    )
+    if push_failed and receipt["result"]["ok"]:
         raise SystemExit(EXIT_CODES["error"])
     if not receipt["result"]["ok"]:
         raise SystemExit(EXIT_CODES["unqualified"])
@@ -431,10 +434,12 @@ def _checks(args, run, client, container, image, url, api_key, concurrency, need
             )
 
 
-def _report(args, receipt: dict, path: Path, plot: Path | None, pushed: dict | None) -> None:
+def _report(
+    args, receipt: dict, path: Path, plot: Path | None, pushed: dict | None, ok: bool
+) -> None:
     if args.json:
         where = {"receipt": str(path), "plot": plot and str(plot), "receipt_push": pushed}
-        print_json({**receipt, **where}, ok=bool(receipt["result"]["ok"]))
+        print_json({**receipt, **where}, ok=ok)
         return
     lines = []
     startup = receipt["startup"] or {}
