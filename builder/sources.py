@@ -122,9 +122,13 @@ def _fetch(
             ) from None
 
 
-def _fetch_commit(repo: pygit2.Repository, url: str, commit: str, show: bool) -> bool:
+_NO_ANSWER = re.compile(r"failed to connect|failed to resolve address|timed out", re.IGNORECASE)
+
+
+def _fetch_commit(repo: pygit2.Repository, url: str, commit: str, show: bool, what: str) -> bool:
     """Only `commit`, at depth 1, as `git clone --shallow-submodules` asks for a submodule;
-    False where the server does not hand out a commit by its id (or not shallow)."""
+    False where the server does not hand out a commit by its id (or not shallow). A server
+    that does not answer at all is not asked a second time."""
     remote = repo.remotes.create_anonymous(url)
     with progress.task(f"fetch {redact(url)}") if show else contextlib.nullcontext() as bar:
         try:
@@ -133,7 +137,12 @@ def _fetch_commit(repo: pygit2.Repository, url: str, commit: str, show: bool) ->
                 callbacks=_FetchProgress(bar),
                 depth=1,
             )
-        except pygit2.GitError:
+        except pygit2.GitError as exc:
+            if _NO_ANSWER.search(str(exc)):
+                raise Unreachable(
+                    f"{what}: fetching {redact(url)} failed: {exc} (no access to it from "
+                    "here? point it at a mirror with --mirror FROM=TO or BUILDER_MIRRORS)"
+                ) from None
             return False
     return _has_commit(repo, commit)
 
@@ -165,7 +174,7 @@ def ensure_commit(
             raise BuilderError(
                 f"{what}: {ref} at {redact(effective)} is commit {tip}, the pin says {commit}"
             )
-    elif not _fetch_commit(repo, effective, commit, show):
+    elif not _fetch_commit(repo, effective, commit, show, what):
         _fetch(repo, effective, ALL_REFS, shallow=False, what=what, show=show)
     if not _has_commit(repo, commit):
         raise BuilderError(
