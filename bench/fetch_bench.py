@@ -123,7 +123,7 @@ def main() -> None:
             "transport": "git daemon on 127.0.0.1, uploadpack.allowAnySHA1InWant",
             "git": "git clone --depth 1 --recurse-submodules --shallow-submodules",
             "builder": "builder sources --upstream flashinfer (empty cache)",
-            "seconds": times,
+            "seconds": {tool: [round(v, 3) for v in values] for tool, values in times.items()},
             "median_s": {tool: round(value, 2) for tool, value in medians.items()},
             "ratio_builder_to_git": round(medians["builder"] / medians["git"], 2),
             "goal": "<= 1.0",
