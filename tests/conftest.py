@@ -56,6 +56,22 @@ class Upstreams:
         return f"https://github.com/=file://{self.root}/"
 
 
+# `scripts/test` runs two pytest workers (`-n 2 --dist loadgroup`). Every test that touches
+# the session's Docker engine is one group, run in order by one worker (one engine, one
+# registry, the test image built once, container counts not disturbed); every other module
+# is a group of its own (its module fixtures made once), spread over both workers.
+_ENGINE_FIXTURES = {"docker_host", "docker_client", "registry"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        uses_engine = item.get_closest_marker("docker") or _ENGINE_FIXTURES & set(
+            item.fixturenames
+        )
+        group = "docker-engine" if uses_engine else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def github(tmp_path_factory: pytest.TempPathFactory) -> Upstreams:
     root = tmp_path_factory.mktemp("github")
