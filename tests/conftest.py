@@ -56,13 +56,15 @@ class Upstreams:
         return f"https://github.com/=file://{self.root}/"
 
 
-# `scripts/test` runs two pytest workers (`-n 2 --dist loadgroup`). Every test that touches
-# the session's Docker engine is one group, run in order by one worker (one engine, one
-# registry, the test image built once, container counts not disturbed); every other module
-# is a group of its own (its module fixtures made once), spread over both workers.
+# `scripts/test` runs two pytest workers (`-n 2 --dist loadgroup`). Every test on the Docker
+# engine is one group, run in order by one worker: one engine, one registry, the test image
+# built and pushed once, no second copy of its gigabytes on the disk, and no other test
+# making containers beside the ones the no-op check counts. Every other module is a group of
+# its own (its module fixtures made once), spread over both workers.
 _ENGINE_FIXTURES = {"docker_host", "docker_client", "registry"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         uses_engine = item.get_closest_marker("docker") or _ENGINE_FIXTURES & set(
