@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,8 +35,15 @@ sys.path.insert(0, str(REPO))
 
 import docker  # noqa: E402
 
+from builder.kernels import trust as kernel_trust  # noqa: E402
 from tests import services, upstreams  # noqa: E402
-from tests.conftest import REGISTRY_PASSWORD, REGISTRY_USER, Upstreams, make_data_dir  # noqa: E402
+from tests.conftest import (  # noqa: E402
+    REGISTRY_PASSWORD,
+    REGISTRY_USER,
+    STACK_TARGET,
+    Upstreams,
+    make_data_dir,
+)
 from tests.test_kernels_shared import comm_only_patch  # noqa: E402
 
 MODULES = (
@@ -47,9 +55,11 @@ MODULES = (
     "torch.bfloat16, torch.bfloat16, torch.int32, 256, 256, 0, False, False, False);"
     "flashinfer.jit.comm:gen_vllm_comm_module"
 )
+SIGNING: dict[str, str] = {}
 CREDENTIALS = {
     "BUILDER_REGISTRY_USERNAME": REGISTRY_USER,
     "BUILDER_REGISTRY_PASSWORD": REGISTRY_PASSWORD,
+    "BUILDER_REGISTRY_HOST": "127.0.0.1",  # credentials go only to this registry host
 }
 
 
@@ -66,7 +76,7 @@ class Host:
             sys.executable, "-m", "builder.cli", "image", "--json", "--cache-dir", str(self.cache),
             "--base-image", self.base, *self.common, *extra,
         ]  # fmt: skip
-        env = {"DOCKER_HOST": self.engine, "PATH": "/usr/bin:/bin", **CREDENTIALS}
+        env = {"DOCKER_HOST": self.engine, "PATH": "/usr/bin:/bin", **CREDENTIALS, **SIGNING}
         run = subprocess.run(command, env=env, capture_output=True, text=True, cwd=REPO)
         if run.returncode:
             raise SystemExit(f"{self.name}: builder image failed:\n{run.stderr[-3000:]}")
@@ -81,6 +91,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/kernel-reuse.json")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="builder-kernel-bench-"))
+    # Registry entries are used only when a trusted key signed them (builder jit keygen).
+    private, public = kernel_trust.generate(work / "keys")
+    SIGNING.update({kernel_trust.SIGNING_KEY_ENV: str(private),
+                    kernel_trust.TRUSTED_KEYS_ENV: str(public)})  # fmt: skip
     engines = [services.start_dockerd(work / "engine-a")]
     processes = []
     try:
@@ -95,7 +109,8 @@ def main() -> None:
         fixture = Upstreams(github, upstreams.build_all(github))
         data = make_data_dir(work / "data", fixture)
         common = [
-            "--data-dir", str(data), "--mirror", fixture.mirror,
+            # The fixture's sources are the sm120-0.5.9 stack's (flashinfer 0.6.3 on PyPI).
+            "--target", STACK_TARGET, "--data-dir", str(data), "--mirror", fixture.mirror,
             "--wheelhouse", str(work / "wheelhouse"),
             "--pip-index-url", f"http://127.0.0.1:{port}/simple/", "--pip-extra-index-url=",
             "--runtime-requirements", str(services.IMAGE_RUNTIME_REQUIREMENTS),
@@ -107,11 +122,10 @@ def main() -> None:
         # then the same changed source with an empty kernel cache (today's full rebuild).
         host_a = Host("host A", work, engines[0].host, base_a, common)
         first = host_a.image("--kernel-registry", shared)
-        comm_only_patch(fixture, data)
+        comm_patch = comm_only_patch(fixture, data)
         warm = host_a.image()
         full = Host("host A, empty kernel cache", work, engines[0].host, base_a, common).image()
-        comm_only_patch_path = next(data.glob("forks/flashinfer/patches/sm120/0004-*.patch"))
-        comm_only_patch_path.unlink()  # back to the source host A shared in its first build
+        comm_patch.unlink()  # back to the source host A shared in its first build
 
         # (b) host B: its own engine (fresh data root) and caches; shared vs cold.
         engines.append(services.start_dockerd(work / "engine-b", second=True))
@@ -147,6 +161,7 @@ def main() -> None:
             process.terminate()
         for engine in engines:
             engine.stop()
+        shutil.rmtree(work, ignore_errors=True)  # two engines' data: gigabytes
 
 
 if __name__ == "__main__":
