@@ -13,7 +13,6 @@ import re
 import shutil
 import tempfile
 import time
-import zipfile
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,7 +37,7 @@ from builder.patches import ForkResult
 from builder.recipe import LABEL_PREFIX
 from builder.target import Target
 from builder.urls import redact
-from builder.wheels import BuiltWheel
+from builder.wheels import BuiltWheel, wheel_metadata
 
 INVENTORY_PATH = "/opt/builder/jit-inventory.json"
 STAGES = ("runtime", "flashinfer", "server")
@@ -143,12 +142,10 @@ def options_record(options: ImageOptions) -> dict:
 
 def wheels_requirements(wheels: dict[str, BuiltWheel]) -> dict[str, list[Requirement]]:
     """{distribution: its Requires-Dist} of built wheels."""
-    found = {}
-    for wheel in wheels.values():
-        with zipfile.ZipFile(wheel.path) as archive:
-            name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
-            found[wheel.dist_name] = lock.metadata_requirements(archive.read(name).decode())
-    return found
+    return {
+        wheel.dist_name: lock.metadata_requirements(wheel_metadata(wheel.path))
+        for wheel in wheels.values()
+    }
 
 
 def runtime_inputs(target: Target, requires: dict[str, list[Requirement]]) -> list[Requirement]:

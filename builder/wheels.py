@@ -310,21 +310,33 @@ def _build_with(
     return Path(built)
 
 
+def _wheel_inputs(
+    result: ForkResult, fork: Fork, label: str
+) -> tuple[pygit2.Repository, str, dict[str, str], str]:
+    """(work repository, wheel version, backend environment, cache key) of a fork's wheel."""
+    repo = pygit2.Repository(str(result.checkout.path))
+    version = wheel_version(fork, label, result.fork_commit)
+    env = _build_env(fork, version, repo.get(result.fork_commit).commit_time)
+    return repo, version, env, content_key(_cache_inputs(repo, result, fork, version, env))
+
+
+def wheel_metadata(wheel: Path) -> str:
+    """A wheel's METADATA text."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        return archive.read(name).decode()
+
+
 def declared_metadata(cache_dir: Path, result: ForkResult, fork: Fork, label: str) -> str:
     """The METADATA the fork's wheel has, without building it where that can be avoided:
     from the cached wheel; for a release-sourced upstream, from the fork commit's own
     `.dist-info/`; else from the backend's prepare_metadata_for_build_wheel (no compile)."""
-    repo = pygit2.Repository(str(result.checkout.path))
-    version = wheel_version(fork, label, result.fork_commit)
-    env = _build_env(fork, version, repo.get(result.fork_commit).commit_time)
-    key = content_key(_cache_inputs(repo, result, fork, version, env))
+    repo, version, env, key = _wheel_inputs(result, fork, label)
     record_path = cache_dir / "wheels" / key / "wheel.json"
     if record_path.is_file():
         wheel = record_path.parent / json.loads(record_path.read_text())["filename"]
         if wheel.is_file():
-            with zipfile.ZipFile(wheel) as archive:
-                name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
-                return archive.read(name).decode()
+            return wheel_metadata(wheel)
     tree = repo.get(result.fork_commit).peel(pygit2.Tree)
     if fork.release:
         found = [e.name for e in tree if e.name.endswith(".dist-info")]
@@ -361,10 +373,7 @@ def build_wheel(
     cache_dir: Path, result: ForkResult, fork: Fork, label: str, wheelhouse: Path
 ) -> BuiltWheel:
     """The fork's wheel from the cache, or built, verified and cached; copied to the wheelhouse."""
-    repo = pygit2.Repository(str(result.checkout.path))
-    version = wheel_version(fork, label, result.fork_commit)
-    env = _build_env(fork, version, repo.get(result.fork_commit).commit_time)
-    key = content_key(_cache_inputs(repo, result, fork, version, env))
+    repo, version, env, key = _wheel_inputs(result, fork, label)
     entry = cache_dir / "wheels" / key
     record_path = entry / "wheel.json"
 
