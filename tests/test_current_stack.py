@@ -325,3 +325,128 @@ def test_the_series_moves_to_a_new_release_with_builder_s_own_tools(
         assert wheel["upstreams"]["sglang"]["wheel"]["version"].startswith("0.5.24+sm120.g")
     finally:
         process.terminate()
+
+
+# The suite's base is Debian bookworm (Python 3.11): no Python 3.12 base can be made here
+# (Debian's mirror has none, PyPI has no interpreter). A site on a Python 3.11 base re-pins
+# the release to its cp311 file, as this test does: file, sha256 and the commit builder
+# names for it.
+CP311_RELEASE = "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl"
+PCIE_IPC = "flashinfer.jit.comm:gen_pcie_ipc_comm_module"
+
+
+def _release_extensions(wheel: Path) -> dict[str, str]:
+    """{path: sha256} of the release's compiled extensions."""
+    with zipfile.ZipFile(wheel) as archive:
+        return {
+            name: hashlib.sha256(archive.read(name)).hexdigest()
+            for name in archive.namelist()
+            if name.endswith(".so")
+        }
+
+
+@pytest.mark.docker
+def test_the_current_stack_builds_into_an_image(
+    tmp_path: Path,
+    flashinfer_upstream: tuple[str, str],
+    docker_host: str,
+    docker_client,
+    test_base: str,
+    runtime_index: tuple[str, Path],
+) -> None:
+    """`builder image --target sm120` on the real engine: sglang 0.5.23 from its released
+    wheel (re-pinned to the cp311 file for the suite's Python 3.11 base), flashinfer 0.7.2
+    from git, one module of the target's list (pcie_ipc_comm) compiled with nvcc 13 for the
+    target's 12.0f and checked to load from the kernel wheel. The runtime stage is the
+    suite's test runtime (tests/data/image-runtime-lock.txt, shared with the sm120-0.5.9
+    test image: flashinfer 0.7.2 imports and compiles with it); the target's own lock is
+    checked against these wheels by the test above."""
+    import pygit2
+
+    from builder.release import import_wheel
+    from tests.conftest import image_args, validate_manifest
+
+    release = fetch_release_file("sglang", CP311_RELEASE)
+    release_sha256 = hashlib.sha256(release.read_bytes()).hexdigest()
+    release_commit = import_wheel(
+        pygit2.init_repository(tmp_path / "import", bare=True), release, release_sha256
+    )
+    packages = tmp_path / "index"
+    packages.mkdir()
+    shutil.copy(release, packages)
+    process, port = start_pypiserver(packages, tmp_path / "pypiserver.log")
+    try:
+        builder = _builder(tmp_path, f"https://pypi.org/simple=http://127.0.0.1:{port}/simple")
+        builder.env["DOCKER_HOST"] = docker_host
+        pin = builder.data_dir / "forks/sglang/pin.toml"
+        text = pin.read_text()
+        for field, value in (("ref", CP311_RELEASE), ("sha256", release_sha256),
+                             ("commit", release_commit)):  # fmt: skip
+            text = text.replace(f'{field} = "{PIN[field]}"', f'{field} = "{value}"')
+        pin.write_text(text)
+        target = builder.data_dir / "images/sm120/target.toml"
+        target.write_text(target.read_text().replace('python = "3.12"', 'python = "3.11"'))
+        mirror, flashinfer_commit = flashinfer_upstream
+        flashinfer_pin = builder.data_dir / "forks/flashinfer/pin.toml"
+        flashinfer_pin.write_text(
+            flashinfer_pin.read_text().replace(FLASHINFER_PIN["commit"], flashinfer_commit)
+        )
+        args = image_args(test_base, runtime_index, "--json", "--jit-modules", PCIE_IPC)
+        result = json.loads(builder.run(*args, "--mirror", mirror).stdout)
+    finally:
+        process.terminate()
+
+    image = result["image"]
+    manifest = json.loads(Path(result["manifest"]).read_text())
+    validate_manifest(manifest)
+    assert manifest["target"]["name"] == "sm120" and manifest["target"]["arch_list"] == ["12.0f"]
+    sglang = manifest["upstreams"]["sglang"]
+    assert sglang["source"] == "release" and sglang["release_sha256"] == release_sha256
+    assert sglang["commit"] == release_commit and sglang["ref"] == CP311_RELEASE
+    assert manifest["upstreams"]["flashinfer"]["commit"] == flashinfer_commit
+    wheels = manifest["wheels"]
+    assert wheels["sglang"]["version"].startswith("0.5.23+sm120.g")
+    flashinfer_fork = manifest["upstreams"]["flashinfer"]["fork_commit"]
+    assert wheels["flashinfer"]["version"] == f"0.7.2+sm120.g{flashinfer_fork[:7]}"
+
+    inventory = image["jit_inventory"]
+    assert inventory["arch_list"] == ["12.0f"]
+    assert [m["name"] for m in inventory["modules"]] == ["pcie_ipc_comm"]
+    assert all(m["arch"] == ["sm_120f"] for m in inventory["modules"]), inventory
+
+    # The default profile's command: DSA left to sglang, FP8 KV, NVFP4 MoE on CUTLASS.
+    recipe = manifest["launch"]["glm5-nvfp4-tp8"]
+    command = " ".join(recipe["args"])
+    assert "--attention-backend" not in command, command
+    for flag in ("--kv-cache-dtype fp8_e4m3", "--quantization modelopt_fp4",
+                 "--moe-runner-backend flashinfer_cutlass"):  # fmt: skip
+        assert flag in command, command
+
+    # In the image: both fork wheels installed, the release's Rust extensions byte for byte,
+    # and the module resolved from the kernel wheel with JIT disabled (loading it needs a
+    # driver: it links libcuda).
+    script = (
+        "import hashlib, importlib.metadata as m, json, os\n"
+        "os.environ['FLASHINFER_DISABLE_JIT'] = '1'\n"
+        "from flashinfer.jit.comm import gen_pcie_ipc_comm_module\n"
+        "spec = gen_pcie_ipc_comm_module()\n"
+        "so = {str(f): hashlib.sha256(f.locate().read_bytes()).hexdigest()\n"
+        "      for f in m.files('sglang') if f.suffix == '.so'}\n"
+        "print(json.dumps({'versions': {d: m.version(d) for d in ('sglang', 'flashinfer-python')},\n"
+        "                  'so': so, 'aot': spec.is_aot, 'aot_path': str(spec.aot_path)}))\n"
+    )
+    found = json.loads(
+        docker_client.containers.run(
+            image["reference"], entrypoint=["python", "-c", script], remove=True,
+            network_mode="none",
+        ).decode()
+    )  # fmt: skip
+    assert found["versions"] == {
+        "sglang": wheels["sglang"]["version"],
+        "flashinfer-python": wheels["flashinfer"]["version"],
+    }
+    extensions = _release_extensions(release)
+    assert len(extensions) >= 2 and found["so"] == extensions
+    assert found["aot"] and found["aot_path"].endswith(
+        "/flashinfer_jit_cache/jit_cache/pcie_ipc_comm/pcie_ipc_comm.so"
+    )
