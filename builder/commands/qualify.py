@@ -22,6 +22,7 @@ from builder import (
     progress,
     qualify,
     readiness,
+    receipt_views,
     receipts,
     runtime_jit,
     validate,
@@ -48,12 +49,8 @@ from builder.kernels import packs
 from builder.settings import resolve_data_dir
 from builder.target import load_target
 
-RECEIPT_SCHEMA = "builder-qualify-receipt/1"
 DEFAULT_CONCURRENCY = "1,64,256,1024"
 DEFAULT_NEEDLES = "4096,16384,65536"
-# What the field measured by hand on 8x RTX PRO 6000, GLM-5-NVFP4 TP-8, flashinfer_cutlass
-# MoE, 1024 concurrent requests: the line `--compare` draws receipts against.
-FIELD_REFERENCE = {"concurrency": 1024, "output_throughput": 3740}
 
 
 def _numbers(flag: str, text: str) -> list[int]:
@@ -276,7 +273,7 @@ def _qualify(args, url: str, api_key, concurrency, needles, out: Path) -> None:
     profile, params = _launched_profile(args, container)
 
     receipt: dict = {
-        "schema": RECEIPT_SCHEMA,
+        "schema": receipt_views.RECEIPT_SCHEMA,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "builder": builder_identity(),
         "server": {
@@ -299,7 +296,7 @@ def _qualify(args, url: str, api_key, concurrency, needles, out: Path) -> None:
         _checks(args, run, client, container, image, url, api_key, concurrency, needles)
     receipt_path = out / "receipt.json"
     atomic_write_text(receipt_path, json.dumps(receipt, indent=2, sort_keys=True) + "\n")
-    plot = _plot(receipt, out / "receipt.png") if receipt["throughput"] else None
+    plot = receipt_views.plot(receipt, out / "receipt.png") if receipt["throughput"] else None
     pushed = None
     if args.push_receipt:
         try:
@@ -309,9 +306,12 @@ def _qualify(args, url: str, api_key, concurrency, needles, out: Path) -> None:
             pushed = {"error": str(exc)}
             progress.warn(f"--push-receipt: {exc}")
     push_failed = bool(pushed and "error" in pushed)
-    _report(
-        args, receipt, receipt_path, plot, pushed, ok=receipt["result"]["ok"] and not push_failed
-    )
+    ok = receipt["result"]["ok"] and not push_failed
+    if args.json:
+        where = {"receipt": str(receipt_path), "plot": plot and str(plot), "receipt_push": pushed}
+        print_json({**receipt, **where}, ok=ok)
+    else:
+        print("\n".join(receipt_views.report_lines(receipt, receipt_path, plot)))
     if push_failed and receipt["result"]["ok"]:
         raise SystemExit(EXIT_CODES["error"])
     if not receipt["result"]["ok"]:
@@ -434,157 +434,8 @@ def _checks(args, run, client, container, image, url, api_key, concurrency, need
             )
 
 
-def _report(
-    args, receipt: dict, path: Path, plot: Path | None, pushed: dict | None, ok: bool
-) -> None:
-    if args.json:
-        where = {"receipt": str(path), "plot": plot and str(plot), "receipt_push": pushed}
-        print_json({**receipt, **where}, ok=ok)
-        return
-    lines = []
-    startup = receipt["startup"] or {}
-    if receipt["verify"]:
-        lines.append(f"verify: {'ok' if receipt['verify']['ok'] else 'FAILED'}")
-    seconds, since = startup.get("ready_seconds"), startup.get("ready_seconds_from")
-    if seconds is not None:
-        lines.append(f"ready {seconds:.0f} s after {since}")
-    elif since:
-        lines.append(f"ready; time to ready {since}")
-    compiled = startup.get("compiled_at_start")
-    if compiled:
-        lines.append(
-            "JIT compiles at start-up: "
-            + ", ".join(
-                f"{cache} {len(n) if n is not None else '?'}" for cache, n in compiled.items()
-            )
-        )
-    correctness = receipt["correctness"] or {}
-    for probe in correctness.get("probes") or []:
-        answer = probe["answer"].strip()[:40]
-        lines.append(f"{'ok  ' if probe['ok'] else 'FAIL'} probe {probe['name']}: {answer!r}")
-    for needle in correctness.get("needles") or []:
-        tokens = needle["prompt_tokens"] or needle["target_tokens"]
-        lines.append(f"{'ok  ' if needle['ok'] else 'FAIL'} needle at {tokens} tokens")
-    for level in (receipt["throughput"] or {}).get("levels", []):
-        gpu = level["gpu"]
-        power = (
-            "GPU power "
-            + "/".join(f"{g['power_pct_of_limit_mean']:.0f}" for g in gpu["per_gpu"])
-            + " % of limit"
-            if gpu.get("sampled")
-            else f"GPUs not sampled ({gpu.get('why')})"
-        )
-        lines.append(
-            f"concurrency {level['concurrency']}: {level['output_throughput']} output tok/s, "
-            f"{level['request_throughput']} req/s, TTFT p50 {level['ttft_ms']['p50']} ms, "
-            f"TPOT p50 {level['tpot_ms']['p50']} ms; {power}"
-        )
-    result = receipt["result"]
-    lines.append(
-        "qualified: every check passed"
-        if result["ok"]
-        else f"NOT qualified: {result['failed_at']}: {result['message']}"
-    )
-    lines.append(f"receipt: {path}" + (f" (plot: {plot})" if plot else ""))
-    print("\n".join(lines))
-
-
-def _plot(receipt: dict, path: Path) -> Path | None:
-    """Output tok/s and mean GPU power against concurrency, as PNG (needs matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        progress.warn("no plot: matplotlib is not installed (pip install 'builder[plot]')")
-        return None
-    levels = receipt["throughput"]["levels"]
-    x = [level["concurrency"] for level in levels]
-    figure, tokens = plt.subplots(figsize=(7, 4))
-    tokens.plot(x, [level["output_throughput"] for level in levels], "o-", label="output tok/s")
-    field = f"field: {FIELD_REFERENCE['output_throughput']:,} tok/s at 1024"
-    tokens.axhline(FIELD_REFERENCE["output_throughput"], ls=":", c="grey", label=field)
-    tokens.set_xscale("log", base=2)
-    tokens.set_xticks(x, [str(c) for c in x])
-    tokens.set_xlabel("concurrency")
-    tokens.set_ylabel("output tok/s")
-    power = [
-        sum(g["power_w_mean"] for g in level["gpu"]["per_gpu"])
-        for level in levels
-        if level["gpu"].get("sampled")
-    ]
-    if len(power) == len(levels):
-        watts = tokens.twinx()
-        watts.plot(x, power, "s--", c="tab:red", label="GPU power (W, all GPUs)")
-        watts.set_ylabel("W")
-    tokens.legend(loc="upper left")
-    tokens.set_title(f"qualify {receipt['server']['url']} {receipt['created']}")
-    figure.tight_layout()
-    figure.savefig(path.with_suffix(".partial.png"))
-    plt.close(figure)
-    path.with_suffix(".partial.png").replace(path)
-    return path
-
-
-def _load_receipt(path: str) -> dict:
-    try:
-        receipt = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise BuilderError(f"--compare {path}: not a readable receipt ({exc})") from None
-    if receipt.get("schema") != RECEIPT_SCHEMA:
-        raise BuilderError(f"--compare {path}: not a {RECEIPT_SCHEMA} receipt")
-    return receipt
-
-
 def _compare(args) -> None:
-    receipts = [(path, _load_receipt(path)) for path in args.compare]
-    if len(receipts) < 2:
-        raise BuilderError("--compare: give two receipts or more")
-    levels = sorted(
-        {
-            lvl["concurrency"]
-            for _, r in receipts
-            for lvl in (r["throughput"] or {}).get("levels", [])
-        }
-    )
-    by_level = [
-        {lvl["concurrency"]: lvl for lvl in (r["throughput"] or {}).get("levels", [])}
-        for _, r in receipts
-    ]
-    header = ["", *(Path(p).parent.name or p for p, _ in receipts)]
-    rows = [
-        ["profile", *(r["server"].get("profile") or "-" for _, r in receipts)],
-        [
-            "result",
-            *(
-                "ok" if r["result"]["ok"] else f"FAIL {r['result']['failed_at']}"
-                for _, r in receipts
-            ),
-        ],
-    ]
-    for level in levels:
-        for key, label in (
-            ("output_throughput", "tok/s"),
-            ("ttft_ms", "TTFT p50 ms"),
-            ("tpot_ms", "TPOT p50 ms"),
-        ):
-            cells = []
-            for levels_of in by_level:
-                value = levels_of.get(level, {}).get(key)
-                cells.append(
-                    "-"
-                    if value is None
-                    else str(value["p50"] if isinstance(value, dict) else value)
-                )
-            rows.append([f"c={level} {label}", *cells])
-    reference = FIELD_REFERENCE
-    rows.append(
-        [
-            f"field c={reference['concurrency']} tok/s",
-            *[str(reference["output_throughput"])] * len(receipts),
-        ]
-    )
+    header, rows = receipt_views.compare(args.compare)
     if args.json:
         print_json({"columns": header, "rows": rows})
         return
