@@ -16,14 +16,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
-from builder import progress
-
 
 @contextmanager
 def locked(cache_dir: Path) -> Iterator[None]:
     """Hold the cache lock; say so when another builder run has it."""
+    # Imported here: a no-op `builder image` replayed from its record (builder/noop.py)
+    # writes through this module and must not pay for them.
+    from filelock import FileLock, Timeout
+
+    from builder import progress
+
     cache_dir.mkdir(parents=True, exist_ok=True)
     lock = FileLock(cache_dir / "builder.lock")
     try:

@@ -6,9 +6,7 @@ import argparse
 import sys
 import traceback
 
-from builder import __version__, progress
-from builder.commands import build, check, jit, lock, patches, publish, qualify, serve
-from builder.commands.common import EPILOG, HelpFormatter, print_json
+from builder import __version__
 from builder.errors import EXIT_CODES, EXIT_CODES_HELP, BuilderError, Unreachable
 
 _json_asked = False  # set by main() before parsing: a usage error cannot read args
@@ -20,10 +18,14 @@ class _Parser(argparse.ArgumentParser):
     examples as written (subcommands are made with the parser's own class)."""
 
     def __init__(self, *args, **kwargs) -> None:
+        from builder.commands.common import HelpFormatter
+
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
+        from builder.commands.common import print_json
+
         self.print_usage(sys.stderr)
         if _json_asked:  # the --json contract holds for a usage error too
             print_json(
@@ -33,6 +35,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # The commands (and the Docker SDK, pygit2, rich... with them) are imported here, after a
+    # no-op `builder image` has had its chance to be answered without them (builder/noop.py).
+    from builder.commands import build, check, jit, lock, patches, publish, qualify, serve
+    from builder.commands.common import EPILOG, HelpFormatter
+
     parser = _Parser(
         prog="builder",
         description="Turn pinned upstream sources plus a patch series into patched wheels and a "
@@ -64,9 +71,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     global _json_asked
-    _json_asked = "--json" in (sys.argv[1:] if argv is None else argv)
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    from builder import noop
+
+    replayed = noop.replay(arguments)
+    if replayed is not None:
+        return replayed
+    from builder import progress
+    from builder.commands.common import print_json
+
+    _json_asked = "--json" in arguments
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(arguments)
+    args.argv = arguments
     progress.set_quiet(args.quiet)
     args.debug = getattr(args, "debug", False) or args.verbose
     try:

@@ -15,15 +15,17 @@ import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from builder import __version__, validate
 from builder.cache import atomic_write_text
 from builder.errors import BuilderError
-from builder.identity import builder_identity
-from builder.patches import ForkResult
-from builder.target import Target
 from builder.urls import redact
-from builder.wheels import BuiltWheel
+
+if TYPE_CHECKING:  # only light imports at run time: builder/noop.py writes through `write`
+    from builder.patches import ForkResult
+    from builder.target import Target
+    from builder.wheels import BuiltWheel
 
 SCHEMA_VERSION = 1
 LATEST = "latest.json"
@@ -42,6 +44,8 @@ def build_manifest(
     created: str | None = None,
     builder_wheel: BuiltWheel | None = None,
 ) -> dict:
+    from builder.identity import builder_identity
+
     upstreams = {}
     for name, fork in forks.items():
         use = target.upstreams[name]

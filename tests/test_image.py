@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,6 +144,45 @@ def test_unchanged_inputs_build_nothing(built, docker_client, test_base, runtime
     assert sbom_beside == manifest.with_suffix(".cdx.json").read_text()
     assert again["image"]["jit_inventory"] == image["jit_inventory"]
     assert created == [], "a no-op run creates no container"
+
+
+def _without_run_stamps(manifest_path: Path) -> dict:
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["created"], manifest["sbom"]["file"]
+    return manifest
+
+
+def test_a_no_op_is_answered_from_the_last_build_s_record(built, test_base, runtime_index) -> None:
+    """The same command with nothing changed is answered from the record before the Docker
+    SDK or pygit2 is imported, and says exactly what the full no-op run says (the same JSON,
+    the same manifest but for its time); a touched input file sends it the full way, which
+    records again."""
+    builder, _, _ = built
+    args = image_args(test_base, runtime_index, "--json")
+    full = builder.run(*args, env={"BUILDER_TEST_RUN": "full"})  # another key: no record
+    assert "all stage keys match" in full.stderr
+    builder.run(*args)  # records (or replays) this command line
+    replay = subprocess.run(
+        [sys.executable, "-X", "importtime", *builder.command(*args)[1:]],
+        capture_output=True, text=True, cwd=REPO_ROOT,
+        env={**os.environ, "COLUMNS": "200", "BUILDER_CONFIG": "/nonexistent", **builder.env},
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stderr
+    assert "no input changed since" in replay.stderr
+    imported = {line.split("|")[-1].strip() for line in replay.stderr.splitlines() if "|" in line}
+    assert not imported & {"docker", "pygit2", "rich", "requests", "builder.image"}, imported
+    answered, expected = json.loads(replay.stdout), json.loads(full.stdout)
+    assert answered.pop("manifest") != expected.pop("manifest")
+    assert answered == expected
+    assert _without_run_stamps(Path(json.loads(replay.stdout)["manifest"])) == _without_run_stamps(
+        Path(json.loads(full.stdout)["manifest"])
+    )
+
+    profiles = builder.data_dir / "images" / STACK_TARGET / "profiles.toml"
+    os.utime(profiles, ns=(profiles.stat().st_atime_ns, profiles.stat().st_mtime_ns + 10**9))
+    touched = builder.run(*args)
+    assert "all stage keys match" in touched.stderr and "no input changed" not in touched.stderr
+    assert "no input changed since" in builder.run(*args).stderr
 
 
 def test_sglang_patch_change_rebuilds_only_the_server_stage(

@@ -12,6 +12,7 @@ from builder import (
     launch,
     lock,
     manifest,
+    noop,
     pipeline,
     provenance,
     registry,
@@ -26,6 +27,7 @@ from builder.commands.common import (
     context,
     emit,
     forks_and_wheels,
+    json_object,
     wheelhouse_dir,
 )
 from builder.commands.publish import (
@@ -182,6 +184,7 @@ def cmd_image(args: argparse.Namespace) -> None:
     if args.save_context:
         image.check_save_context(Path(args.save_context))
     ctx = context(args)
+    inputs = noop.watch(getattr(args, "argv", []), ctx.data_dir)  # before anything is read
     target = ctx.target
     options = _image_options(args, ctx)
     if args.push and not args.plan:
@@ -259,11 +262,23 @@ def cmd_image(args: argparse.Namespace) -> None:
         lines.append(f"pushed {result.pushed['reference']}")
     lines += [f"published {r['url']}" for records in (published or {}).values() for r in records]
     lines.append(f"manifest {written}")
-    emit(
-        args,
-        {"target": target.name, "image": image_record, "manifest": str(written)},
-        lines,
-    )
+    output = {"target": target.name, "image": image_record, "manifest": str(written)}
+    emit(args, output, lines)
+    if inputs:  # a plain build: pushing and publishing are never replayed
+        noop.save(
+            inputs,
+            cache_dir=ctx.cache_dir,
+            wheel_files=[wheelhouse_dir(args, ctx) / w.filename for w in wheels.values()]
+            + [w.path for w in wheels.values()],
+            images={result.reference: result.image_id, options.base_image: result.base_image_id},
+            manifest_dir=written.parent,
+            manifest_tag=image_plan.inputs_hash[:12],
+            manifest=record,
+            sbom=result.sbom,
+            output_json=json_object(output),
+            lines=lines,
+            written=written,
+        )
 
 
 def register(sub) -> None:

@@ -144,10 +144,14 @@ def context(args: argparse.Namespace) -> pipeline.Context:
 JSON_VERSION = 1  # keys may be added within a version; a removal or new meaning bumps it
 
 
+def json_object(result: dict, ok: bool = True) -> dict:
+    """A command's JSON result, with `ok` and `json_version` always in it."""
+    return {"ok": ok, **result, "json_version": JSON_VERSION}
+
+
 def print_json(result: dict, ok: bool = True) -> None:
-    """One JSON object on stdout, with `ok` and `json_version` always in it."""
-    shaped = {"ok": ok, **result, "json_version": JSON_VERSION}
-    print(json.dumps(shaped, indent=2, sort_keys=True))
+    """One JSON object on stdout."""
+    print(json.dumps(json_object(result, ok), indent=2, sort_keys=True))
 
 
 def emit(args: argparse.Namespace, result: dict, lines: list[str], ok: bool = True) -> None:
