@@ -460,3 +460,4 @@ def test_the_saved_context_rebuilds_the_same_image_and_the_image_bench_runs(
             docker_client.images.remove(bench.NOOP_TAG)
     assert len(measured["noop_builder_s"]) == len(measured["noop_docker_build_s"]) == 1
     assert measured["noop_ratio"] > 0
+    assert measured["noop_builder_replayed"] == [True], "the timed no-op is the recorded one"
