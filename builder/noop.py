@@ -40,13 +40,18 @@ _DAEMON_SECONDS = 5
 _PLACEHOLDER = "<manifest written by this run>"
 
 
+_SECRET = ("PASSWORD", "TOKEN", "SECRET")
+_READ_ALSO = ("SOURCE_DATE_EPOCH", "HOME", "PYTHONPATH", "XDG_CACHE_HOME", "XDG_CONFIG_HOME")
+
+
 def _environment() -> dict[str, str]:
-    """What the image command reads from the environment (its settings and the daemon's)."""
+    """What the image command reads from the environment (its settings and the daemon's).
+    Credentials are left out: a no-op uses none, and not even their hash is kept."""
     return {
         name: value
         for name, value in os.environ.items()
-        if name.startswith(("BUILDER_", "DOCKER_"))
-        or name in ("SOURCE_DATE_EPOCH", "HOME", "PYTHONPATH", "XDG_CACHE_HOME", "XDG_CONFIG_HOME")
+        if (name.startswith(("BUILDER_", "DOCKER_")) or name in _READ_ALSO)
+        and not any(word in name for word in _SECRET)
     }
 
 

@@ -35,11 +35,11 @@ def test_global_flags_before_the_command_are_read() -> None:
     assert noop._split(["-v", "image"]) == (False, [])
 
 
-def _inputs(root: Path) -> noop.Inputs:
+def _inputs(root: Path, argv: tuple[str, ...] = ("image", "--json")) -> noop.Inputs:
     for name in ("images/sm120/profiles.toml", "forks/sglang/patches/sm120/0001-a.patch"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text("x = 1\n")
-    inputs = noop.watch(["image", "--json"], root)
+    inputs = noop.watch(list(argv), root)
     assert inputs is not None
     return inputs
 
@@ -64,9 +64,7 @@ def test_every_change_to_a_watched_file_is_seen(tmp_path: Path, change) -> None:
 
 def _saved(tmp_path: Path, argv: list[str], monkeypatch) -> Path:
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-    inputs = noop.watch(argv, tmp_path / "data") if (tmp_path / "data").exists() else None
-    if inputs is None:
-        inputs = _inputs(tmp_path / "data")
+    inputs = _inputs(tmp_path / "data", tuple(argv))
     cache = tmp_path / "cache"
     manifest = tmp_path / "manifests" / "m.json"
     image = {"reference": "r:t", "skipped": False, "kernel_build": {"compiled": 1}}
@@ -99,3 +97,14 @@ def test_no_record_a_changed_file_or_an_unreachable_daemon_runs_the_full_command
     monkeypatch.setattr(noop, "_images_unchanged", lambda record: True)
     assert noop.replay(argv) is None  # a daemon would say yes: the changed file says no
     assert not (tmp_path / "manifests").exists(), "nothing written by a refused replay"
+
+
+def test_no_credential_reaches_the_record_not_even_hashed(tmp_path: Path, monkeypatch) -> None:
+    argv = ["image", "--json", "--cache-dir", str(tmp_path / "cache")]
+    monkeypatch.setenv("BUILDER_REGISTRY_PASSWORD", "s3cret-one")
+    first = _saved(tmp_path, argv, monkeypatch)
+    monkeypatch.setenv("BUILDER_REGISTRY_PASSWORD", "s3cret-two")
+    assert noop._record_path(tmp_path / "cache", argv[1:]) == first  # not part of the key
+    assert "s3cret" not in first.read_text()
+    monkeypatch.setenv("BUILDER_TARGET", "sm90")  # a setting is
+    assert noop._record_path(tmp_path / "cache", argv[1:]) != first
