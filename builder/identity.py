@@ -27,15 +27,21 @@ def code_key(*modules: str) -> str:
     return digest.hexdigest()
 
 
+def checkout(path: Path) -> pygit2.Repository | None:
+    """The git repository with a work tree that `path` is in, or None."""
+    found = pygit2.discover_repository(str(path))
+    if found is None:
+        return None
+    repo = pygit2.Repository(found)
+    return None if repo.workdir is None else repo
+
+
 @functools.cache
 def builder_identity() -> dict:
     """version, commit (None outside a git checkout) and whether tracked files differ."""
     unknown = {"version": __version__, "commit": None, "dirty": None}
-    found = pygit2.discover_repository(str(PACKAGE))
-    if found is None:
-        return unknown
-    repo = pygit2.Repository(found)
-    if repo.head_is_unborn or repo.workdir is None:
+    repo = checkout(PACKAGE)
+    if repo is None or repo.head_is_unborn:
         return unknown
     package = PACKAGE.relative_to(Path(repo.workdir).resolve()).as_posix() + "/"
     if f"{package}__init__.py" not in repo.head.peel(pygit2.Tree):

@@ -24,6 +24,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,14 +34,22 @@ RECORD_VERSION = 1
 RECORDS = "noop"  # under the cache folder
 # Cache folders a no-op build reads (mirrors and work trees are named by commit: immutable).
 CACHE_FOLDERS = ("wheels", "kernel-wheels", "kernel-packs", "image-files", "releases")
-_NEVER_REPLAYED = ("--push", "--plan", "--save-context", "--publish", "-h", "--help")
+# The options a replayed command line may hold, spelled out in full (argparse also takes
+# unique prefixes: `--pus` is --push, so anything else, pushing and publishing, --plan and
+# --save-context included, takes the full path).
+_VALUED = (
+    "--target", "--data-dir", "--mirror", "--cache-dir", "--wheelhouse", "--base-image",
+    "--pip-index-url", "--pip-extra-index-url", "--runtime-requirements", "--jit-modules",
+    "--kernel-registry", "--jit-jobs", "--manifest-dir",
+)  # fmt: skip
+_FLAGS = ("--json", "--debug", "--allow-dirty", "--network-host")
 _GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose")
 _DEFAULT_SOCKET = "/var/run/docker.sock"
 _DAEMON_SECONDS = 5
 _PLACEHOLDER = "<manifest written by this run>"
 
 
-_SECRET = ("PASSWORD", "TOKEN", "SECRET")
+_SECRET = ("PASSWORD", "TOKEN", "SECRET", "AUTH", "CREDENTIAL", "_KEY")
 _READ_ALSO = ("SOURCE_DATE_EPOCH", "HOME", "PYTHONPATH", "XDG_CACHE_HOME", "XDG_CONFIG_HOME")
 
 
@@ -64,9 +73,17 @@ def _split(argv: list[str]) -> tuple[bool, list[str]] | None:
         quiet = quiet or rest.pop(0) in ("-q", "--quiet")
     if not rest or rest[0] != "image":
         return None
-    if any(arg.split("=")[0].startswith(_NEVER_REPLAYED) for arg in rest[1:]):
-        return None
-    return quiet, rest[1:]
+    arguments = rest[1:]
+    index = 0
+    while index < len(arguments):
+        name, has_value, _ = arguments[index].partition("=")
+        if name in _VALUED:
+            index += 1 if has_value else 2
+        elif name in _FLAGS and not has_value:
+            index += 1
+        else:
+            return None
+    return quiet, arguments
 
 
 def _option(arguments: list[str], name: str) -> str | None:
@@ -179,89 +196,114 @@ def _images_unchanged(record: dict) -> bool:
 
 def replay(argv: list[str]) -> int | None:
     """Answer a no-op `builder image` from its record: the exit code, or None to run the
-    full command."""
+    full command (whatever is wrong with the record: the full run says it in its words)."""
     split = _split(argv)
     if split is None:
         return None
     quiet, arguments = split
     try:
         record = json.loads(_record_path(_cache_dir(arguments), arguments).read_text())
-        if record.get("version") != RECORD_VERSION:
+        if record["version"] != RECORD_VERSION:
             return None
         if _snapshot(record["trees"], record["files"]) != record["snapshot"]:
             return None
         if not _images_unchanged(record):
             return None
-        sbom = record["sbom"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    from builder import manifest  # light: the standard library and builder's small modules
+        from builder import manifest  # light: the standard library and small modules
 
-    created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    try:
+        created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         written = manifest.write(
             Path(record["manifest_dir"]), {**record["manifest"], "created": created},
-            record["manifest_tag"], sbom,
+            record["manifest_tag"], record["sbom"],
         )  # fmt: skip
-    except OSError:  # the full run meets the same and says so in its own words
+        output = _substitute(record["output"], _PLACEHOLDER, str(written))
+        shown = (
+            json.dumps(output["json"], indent=2, sort_keys=True)
+            if record["json"]
+            else "\n".join(output["lines"])
+        )
+        said = (
+            f"✓ image {record['reference']} is up to date (no input changed since "
+            f"{record['recorded']}: nothing built)"
+        )
+    except Exception:  # any bad record: the full run answers instead
         return None
     if not quiet:
-        print(
-            f"✓ image {record['reference']} is up to date (no input changed since "
-            f"{record['recorded']}: nothing built)",
-            file=sys.stderr,
-        )
-    output = _substitute(record["output"], _PLACEHOLDER, str(written))
-    if "--json" in arguments:
-        print(json.dumps(output["json"], indent=2, sort_keys=True))
-    else:
-        print("\n".join(output["lines"]))
+        print(said, file=sys.stderr)
+    print(shown)
     return 0
 
 
 def _checkout_files(package: Path) -> list[str]:
     """builder's own checkout, as far as its identity (commit, dirty) reads it: HEAD, the
     index, the refs and every tracked file. None outside a checkout."""
-    import pygit2
+    from builder.identity import checkout
 
-    found = pygit2.discover_repository(str(package))
-    if found is None:
-        return []
-    repo = pygit2.Repository(found)
-    if repo.workdir is None:
+    repo = checkout(package)
+    if repo is None:
         return []
     git = Path(repo.path)
-    files = [str(git / name) for name in ("HEAD", "index", "packed-refs")]
+    common = git  # a linked worktree keeps HEAD and index here, the refs in the common dir
+    if (git / "commondir").is_file():
+        common = (git / (git / "commondir").read_text().strip()).resolve()
+    files = [str(git / "HEAD"), str(git / "index"), str(common / "packed-refs")]
     if not repo.head_is_unborn and repo.head.name.startswith("refs/"):
-        files.append(str(git / repo.head.name))
+        files.append(str(common / repo.head.name))
     files += [str(Path(repo.workdir) / entry.path) for entry in repo.index]
     return files
 
 
+# A file written this close to its snapshot may change again within the same time stamp
+# (coarse file system clocks): a build that read one is not recorded.
+_SETTLED_NS = 2 * 10**9
+
+
 @dataclass
 class Inputs:
-    """What a build read that a user edits, snapshotted before it started: a file changed
-    while it ran leaves no record (the build may have read either version)."""
+    """What a build reads that a user edits, snapshotted before it reads them: a file
+    changed while it ran leaves no record (the build may have read either version)."""
 
     arguments: list[str]
+    json: bool
     trees: list[str]
     files: list[str]
     snapshot: dict[str, list[int] | None]
 
+    def also(self, paths: list[Path]) -> None:
+        """Inputs known only once the target is read (its Dockerfile, lock, recipe files),
+        snapshotted before the build reads them."""
+        added = [str(path) for path in paths if str(path) not in self.snapshot]
+        self.files += added
+        self.snapshot.update(_snapshot([], added))
 
-def watch(argv: list[str], data_dir: Path) -> Inputs | None:
-    """Before a build: its inputs, or None for a command that is never replayed."""
+    def unchanged(self) -> bool:
+        """Still as snapshotted, and settled when it was."""
+        settled = time.time_ns() - _SETTLED_NS
+        return _snapshot(self.trees, self.files) == self.snapshot and all(
+            stat is None or stat[1] < settled for stat in self.snapshot.values()
+        )
+
+
+def watch(argv: list[str], data_dir: Path, as_json: bool) -> Inputs | None:
+    """Before a build reads anything: its inputs, or None for a command that is never
+    replayed."""
     split = _split(argv)
     if split is None or daemon_socket() is None:
         return None
     _, arguments = split
+    import sysconfig
+
     from builder.identity import PACKAGE
     from builder.settings import config_file
 
     trees = [str(data_dir / "images"), str(data_dir / "forks"), str(PACKAGE)]
-    files = [*_checkout_files(PACKAGE), str(config_file())]
-    files += [arg for arg in arguments if os.path.isfile(arg)]
-    return Inputs(arguments, trees, files, _snapshot(trees, files))
+    # The environment's own packages folder: installing or removing one changes it.
+    files = [*_checkout_files(PACKAGE), str(config_file()), sysconfig.get_paths()["purelib"]]
+    for argument in arguments:  # FILE, and --option=FILE
+        for candidate in (argument, argument.partition("=")[2]):
+            if candidate and os.path.isfile(candidate):
+                files.append(candidate)
+    return Inputs(arguments, as_json, trees, files, _snapshot(trees, files))
 
 
 def _as_noop(image: dict) -> dict:
@@ -284,8 +326,9 @@ def save(
     written: Path,
 ) -> None:
     """Record a finished plain image build for `replay`, as the no-op run that repeats it
-    would write it."""
-    if _snapshot(inputs.trees, inputs.files) != inputs.snapshot:
+    would write it. Nothing when an input changed or had only just changed (the next run
+    takes the full path and records then), or when the record cannot be written."""
+    if not inputs.unchanged():
         return
     trees = inputs.trees + [str(cache_dir / folder) for folder in CACHE_FOLDERS]
     files = inputs.files + [str(path) for path in wheel_files]
@@ -310,10 +353,17 @@ def save(
         },
         "sbom": sbom,
         "reference": output["json"]["image"]["reference"],
+        "json": inputs.json,
         "output": output,
     }
     target = _record_path(cache_dir, inputs.arguments)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=target.parent, delete=False) as handle:
-        json.dump(record, handle)
-    os.replace(handle.name, target)
+    partial = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=target.parent, delete=False) as handle:
+            partial = handle.name
+            json.dump(record, handle)
+        os.replace(partial, target)
+    except OSError:  # a build that worked is not failed by its record
+        if partial:
+            Path(partial).unlink(missing_ok=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pygit2
 
 from builder.errors import BuilderError
+from builder.identity import checkout
 from builder.urls import has_credentials, redact
 
 TRACKED_DATA = ("images", "forks")
@@ -14,11 +15,8 @@ TRACKED_DATA = ("images", "forks")
 
 def uncommitted_data(data_dir: Path) -> list[str]:
     """Files under images/ or forks/ that differ from the data repository's HEAD."""
-    found = pygit2.discover_repository(str(data_dir))
-    if found is None:
-        return []
-    repo = pygit2.Repository(found)
-    if repo.workdir is None:
+    repo = checkout(data_dir)
+    if repo is None:
         return []
     prefix = data_dir.resolve().relative_to(Path(repo.workdir).resolve())
     roots = tuple(str(prefix / folder).removeprefix("./") + "/" for folder in TRACKED_DATA)

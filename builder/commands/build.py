@@ -38,6 +38,7 @@ from builder.commands.publish import (
 )
 from builder.errors import BuilderError, Unreachable
 from builder.kernels import packs
+from builder.settings import resolve_data_dir
 
 KERNEL_REGISTRY_ENV = "BUILDER_KERNEL_REGISTRY"
 
@@ -183,10 +184,18 @@ def cmd_image(args: argparse.Namespace) -> None:
         validate.repository("--push", args.push)
     if args.save_context:
         image.check_save_context(Path(args.save_context))
+    plain = not (
+        args.plan or args.push or args.save_context
+        or args.publish or args.publish_repository or args.publish_static
+    )  # fmt: skip
+    # Snapshotted before anything is read, for a later no-op run to be answered from.
+    argv = getattr(args, "argv", [])
+    inputs = noop.watch(argv, resolve_data_dir(args.data_dir), args.json) if plain else None
     ctx = context(args)
-    inputs = noop.watch(getattr(args, "argv", []), ctx.data_dir)  # before anything is read
     target = ctx.target
     options = _image_options(args, ctx)
+    if inputs:
+        inputs.also([target.image.dockerfile, target.image.lock, *image.recipe_files(target)])
     if args.push and not args.plan:
         provenance.refuse_dirty_push(ctx.data_dir, args.allow_dirty)
     try:
@@ -264,7 +273,7 @@ def cmd_image(args: argparse.Namespace) -> None:
     lines.append(f"manifest {written}")
     output = {"target": target.name, "image": image_record, "manifest": str(written)}
     emit(args, output, lines)
-    if inputs:  # a plain build: pushing and publishing are never replayed
+    if inputs:
         noop.save(
             inputs,
             cache_dir=ctx.cache_dir,
