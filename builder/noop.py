@@ -49,7 +49,7 @@ _DAEMON_SECONDS = 5
 _PLACEHOLDER = "<manifest written by this run>"
 
 
-_SECRET = ("PASSWORD", "TOKEN", "SECRET", "AUTH", "CREDENTIAL", "_KEY")
+_SECRET = ("PASSWORD", "TOKEN", "SECRET", "AUTH", "CREDENTIAL")
 _READ_ALSO = ("SOURCE_DATE_EPOCH", "HOME", "PYTHONPATH", "XDG_CACHE_HOME", "XDG_CONFIG_HOME")
 
 
@@ -209,6 +209,11 @@ def replay(argv: list[str]) -> int | None:
             return None
         if not _images_unchanged(record):
             return None
+        template = record["output"]["json" if record["json"] else "lines"]
+        said = (
+            f"✓ image {record['reference']} is up to date (no input changed since "
+            f"{record['recorded']}: nothing built)"
+        )
         from builder import manifest  # light: the standard library and small modules
 
         created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -216,18 +221,10 @@ def replay(argv: list[str]) -> int | None:
             Path(record["manifest_dir"]), {**record["manifest"], "created": created},
             record["manifest_tag"], record["sbom"],
         )  # fmt: skip
-        output = _substitute(record["output"], _PLACEHOLDER, str(written))
-        shown = (
-            json.dumps(output["json"], indent=2, sort_keys=True)
-            if record["json"]
-            else "\n".join(output["lines"])
-        )
-        said = (
-            f"✓ image {record['reference']} is up to date (no input changed since "
-            f"{record['recorded']}: nothing built)"
-        )
     except Exception:  # any bad record: the full run answers instead
         return None
+    output = _substitute(template, _PLACEHOLDER, str(written))
+    shown = json.dumps(output, indent=2, sort_keys=True) if record["json"] else "\n".join(output)
     if not quiet:
         print(said, file=sys.stderr)
     print(shown)
@@ -268,6 +265,7 @@ class Inputs:
     trees: list[str]
     files: list[str]
     snapshot: dict[str, list[int] | None]
+    taken_ns: int  # when the snapshot began
 
     def also(self, paths: list[Path]) -> None:
         """Inputs known only once the target is read (its Dockerfile, lock, recipe files),
@@ -277,8 +275,8 @@ class Inputs:
         self.snapshot.update(_snapshot([], added))
 
     def unchanged(self) -> bool:
-        """Still as snapshotted, and settled when it was."""
-        settled = time.time_ns() - _SETTLED_NS
+        """Still as snapshotted, and settled when it was taken."""
+        settled = self.taken_ns - _SETTLED_NS
         return _snapshot(self.trees, self.files) == self.snapshot and all(
             stat is None or stat[1] < settled for stat in self.snapshot.values()
         )
@@ -296,14 +294,18 @@ def watch(argv: list[str], data_dir: Path, as_json: bool) -> Inputs | None:
     from builder.identity import PACKAGE
     from builder.settings import config_file
 
-    trees = [str(data_dir / "images"), str(data_dir / "forks"), str(PACKAGE)]
-    # The environment's own packages folder: installing or removing one changes it.
-    files = [*_checkout_files(PACKAGE), str(config_file()), sysconfig.get_paths()["purelib"]]
+    taken_ns = time.time_ns()
+    try:
+        trees = [str(data_dir / "images"), str(data_dir / "forks"), str(PACKAGE)]
+        # The environment's own packages folder: installing or removing one changes it.
+        files = [*_checkout_files(PACKAGE), str(config_file()), sysconfig.get_paths()["purelib"]]
+    except Exception:  # an unreadable checkout: this build is simply not recorded
+        return None
     for argument in arguments:  # FILE, and --option=FILE
         for candidate in (argument, argument.partition("=")[2]):
             if candidate and os.path.isfile(candidate):
                 files.append(candidate)
-    return Inputs(arguments, as_json, trees, files, _snapshot(trees, files))
+    return Inputs(arguments, as_json, trees, files, _snapshot(trees, files), taken_ns)
 
 
 def _as_noop(image: dict) -> dict:
@@ -311,7 +313,16 @@ def _as_noop(image: dict) -> dict:
     return {**image, "skipped": True, "kernel_build": None}
 
 
-def save(
+def save(inputs: Inputs, **build) -> None:
+    """Record a finished plain image build for `replay` (see `_record`); a build that worked
+    is never failed by its record."""
+    try:
+        _record(inputs, **build)
+    except Exception:  # the next run takes the full path and records then
+        return
+
+
+def _record(
     inputs: Inputs,
     *,
     cache_dir: Path,
@@ -328,10 +339,11 @@ def save(
     """Record a finished plain image build for `replay`, as the no-op run that repeats it
     would write it. Nothing when an input changed or had only just changed (the next run
     takes the full path and records then), or when the record cannot be written."""
-    if not inputs.unchanged():
+    outputs = _snapshot(
+        [str(cache_dir / folder) for folder in CACHE_FOLDERS], [str(p) for p in wheel_files]
+    )
+    if not inputs.unchanged():  # checked after the outputs' snapshot: nothing slips between
         return
-    trees = inputs.trees + [str(cache_dir / folder) for folder in CACHE_FOLDERS]
-    files = inputs.files + [str(path) for path in wheel_files]
     output = _substitute(
         {"json": {**output_json, "image": _as_noop(output_json["image"])}, "lines": lines},
         str(written),
@@ -340,9 +352,9 @@ def save(
     record = {
         "version": RECORD_VERSION,
         "recorded": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%SZ"),
-        "trees": trees,
-        "files": files,
-        "snapshot": _snapshot(trees, files),
+        "trees": inputs.trees + [str(cache_dir / folder) for folder in CACHE_FOLDERS],
+        "files": inputs.files + [str(path) for path in wheel_files],
+        "snapshot": {**inputs.snapshot, **outputs},
         "daemon": daemon_socket(),
         "images": images,
         "manifest_dir": str(manifest_dir),
@@ -364,6 +376,7 @@ def save(
             partial = handle.name
             json.dump(record, handle)
         os.replace(partial, target)
-    except OSError:  # a build that worked is not failed by its record
+    except BaseException:
         if partial:
             Path(partial).unlink(missing_ok=True)
+        raise

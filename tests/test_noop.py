@@ -156,3 +156,26 @@ def test_a_file_named_as_option_equals_value_is_watched(tmp_path: Path) -> None:
     requirements.write_text("torch\n")
     inputs = _inputs(tmp_path / "data", ("image", f"--runtime-requirements={requirements}"))
     assert str(requirements) in inputs.files
+
+
+def test_settled_means_settled_when_the_snapshot_was_taken(tmp_path: Path, monkeypatch) -> None:
+    """A long build does not make a file written just before it started look settled."""
+    monkeypatch.setattr(noop, "_SETTLED_NS", 10**8)
+    _inputs(tmp_path / "data")
+    (tmp_path / "data/images/sm120/profiles.toml").write_text("x = 2\n")
+    inputs = noop.watch(["image", "--json"], tmp_path / "data", True)
+    time.sleep(0.2)  # the build runs longer than the settling time
+    assert not inputs.unchanged()
+
+
+def test_a_file_added_beside_the_dockerfile_is_seen(tmp_path: Path) -> None:
+    """The recipe folder may lie outside images/: its own entry is watched."""
+    recipe = tmp_path / "recipe"
+    recipe.mkdir()
+    past = time.time_ns() - 60 * 10**9
+    os.utime(recipe, ns=(past, past))
+    inputs = _inputs(tmp_path / "data")
+    inputs.also([recipe])
+    assert inputs.unchanged()
+    (recipe / "extra.py").write_text("")
+    assert not inputs.unchanged()

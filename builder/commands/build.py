@@ -195,7 +195,8 @@ def cmd_image(args: argparse.Namespace) -> None:
     target = ctx.target
     options = _image_options(args, ctx)
     if inputs:
-        inputs.also([target.image.dockerfile, target.image.lock, *image.recipe_files(target)])
+        recipe_folder = target.image.dockerfile.parent  # its own entry: a file added there
+        inputs.also([recipe_folder, target.image.lock, *image.recipe_files(target)])
     if args.push and not args.plan:
         provenance.refuse_dirty_push(ctx.data_dir, args.allow_dirty)
     try:
