@@ -278,8 +278,7 @@ def cmd_image(args: argparse.Namespace) -> None:
         noop.save(
             inputs,
             cache_dir=ctx.cache_dir,
-            wheel_files=[wheelhouse_dir(args, ctx) / w.filename for w in wheels.values()]
-            + [w.path for w in wheels.values()],
+            wheel_files=[wheel.path for wheel in wheels.values()],  # in the wheelhouse
             images={result.reference: result.image_id, options.base_image: result.base_image_id},
             manifest_dir=written.parent,
             manifest_tag=image_plan.inputs_hash[:12],
