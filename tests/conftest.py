@@ -56,12 +56,38 @@ class Upstreams:
         return f"https://github.com/=file://{self.root}/"
 
 
-# `scripts/test` runs two pytest workers (`-n 2 --dist loadgroup`). Every test on the Docker
-# engine is one group, run in order by one worker: one engine, one registry, the test image
-# built and pushed once, no second copy of its gigabytes on the disk, and no other test
-# making containers beside the ones the no-op check counts. Every other module is a group of
-# its own (its module fixtures made once), spread over both workers.
+# `scripts/test` runs two pytest workers (`-n 2 --dist loadgroup`), and both use one Docker
+# engine (tests/services.py `once_per_run`): one copy of the test runtime's gigabytes, built
+# once. The engine's tests are two groups, each run in order by one worker: the kernel
+# sharing tests (their images under a repository of their own) and all the others. Every
+# other module is a group of its own (its module fixtures made once), spread over both.
 _ENGINE_FIXTURES = {"docker_host", "docker_client", "registry"}
+_SECOND_ENGINE_GROUP = {"tests.test_kernels_shared"}
+_SHARED_KEY = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(trylast=True)  # after the tmp_path plugin has made the run's basetemp
+def pytest_configure(config: pytest.Config) -> None:
+    """The controller makes the run's shared folder; its workers inherit it."""
+    from tests.services import SHARED_DIR_ENV
+
+    if hasattr(config, "workerinput") or SHARED_DIR_ENV in os.environ:
+        return
+    shared = config._tmp_path_factory.getbasetemp() / "shared"  # the workers' basetemp's parent
+    shared.mkdir()
+    os.environ[SHARED_DIR_ENV] = str(shared)
+    config.stash[_SHARED_KEY] = shared
+
+
+# First: the tmp_path plugin's own deletes the basetemp (the shared folder's records too).
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """After every worker has finished: the shared engine and index stop, the engine's
+    data goes."""
+    from tests.services import stop_shared_services
+
+    if shared := session.config.stash.get(_SHARED_KEY, None):
+        stop_shared_services(shared)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
@@ -70,7 +96,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         uses_engine = item.get_closest_marker("docker") or _ENGINE_FIXTURES & set(
             item.fixturenames
         )
-        group = "docker-engine" if uses_engine else item.module.__name__
+        module = item.module.__name__
+        if uses_engine:
+            group = "docker-engine-2" if module in _SECOND_ENGINE_GROUP else "docker-engine"
+        else:
+            group = module
         item.add_marker(pytest.mark.xdist_group(group))
 
 
@@ -165,14 +195,12 @@ REGISTRY_PASSWORD = "s3cret-registry-pass"
 
 
 @pytest.fixture(scope="session")
-def docker_host(tmp_path_factory: pytest.TempPathFactory):
+def docker_host() -> str:
     if not shutil.which("dockerd") and not os.environ.get("BUILDER_TEST_DOCKER_HOST"):
         pytest.skip("dockerd not installed (scripts/setup --test installs docker.io)")
-    from tests.services import start_dockerd
+    from tests.services import shared_dockerd
 
-    daemon = start_dockerd(tmp_path_factory.mktemp("dockerd"))
-    yield daemon.host
-    daemon.stop()
+    return shared_dockerd()
 
 
 @pytest.fixture(scope="session")
@@ -183,21 +211,39 @@ def docker_client(docker_host: str):
 
 
 @pytest.fixture(scope="session")
-def test_base(docker_client, tmp_path_factory: pytest.TempPathFactory) -> str:
-    from tests.services import build_test_base
+def test_base(docker_client) -> str:
+    from tests.services import build_test_base, once_per_run
 
-    return build_test_base(docker_client, tmp_path_factory.mktemp("base"))
+    return once_per_run("test-base", lambda folder: {"tag": build_test_base(docker_client, folder)})[
+        "tag"
+    ]
 
 
 @pytest.fixture(scope="session")
-def runtime_index(tmp_path_factory: pytest.TempPathFactory):
-    """A pypiserver holding what the image's runtime stage needs, for offline builds."""
-    from tests.services import IMAGE_RUNTIME_LOCK, runtime_wheelhouse, start_pypiserver
+def runtime_index_served() -> tuple[str, Path]:
+    """A pypiserver holding what the image's runtime stage needs, for offline builds: one for
+    the run, since its URL is a build argument of the runtime stage (another URL, another
+    8 GB layer)."""
+    from tests.services import (
+        IMAGE_RUNTIME_LOCK,
+        once_per_run,
+        runtime_wheelhouse,
+        start_pypiserver,
+    )
 
-    root = tmp_path_factory.mktemp("runtime-index")
-    process, port = start_pypiserver(runtime_wheelhouse(), root / "pypiserver.log")
-    yield f"http://127.0.0.1:{port}/simple/", IMAGE_RUNTIME_LOCK
-    process.terminate()
+    def start(folder: Path) -> dict:
+        process, port = start_pypiserver(runtime_wheelhouse(), folder / "pypiserver.log")
+        return {"url": f"http://127.0.0.1:{port}/simple/", "pids": [process.pid]}
+
+    return once_per_run("runtime-index", start)["url"], IMAGE_RUNTIME_LOCK
+
+
+@pytest.fixture(scope="session")
+def runtime_index(runtime_index_served: tuple[str, Path], request) -> tuple[str, Path]:
+    """The runtime index, once the engine holds the runtime stage: built by the test image
+    (`built_image`), so no two builds on the shared engine make that layer at once."""
+    request.getfixturevalue("built_image")
+    return runtime_index_served
 
 
 @pytest.fixture(scope="session")
@@ -237,13 +283,45 @@ def image_args(test_base: str, runtime_index: tuple[str, Path], *extra: str) -> 
 
 
 @pytest.fixture(scope="session")
-def built_image(tmp_path_factory, github: Upstreams, docker_host, test_base, runtime_index):
-    """One built test image for every module that reads it: (builder, image record, manifest)."""
-    root = tmp_path_factory.mktemp("image")
-    builder = builder_in(root, github, docker_host)
-    args = image_args(test_base, runtime_index, "--json", "--save-context", str(root / "context"))
-    result = json.loads(builder.run(*args).stdout)
-    return builder, result["image"], Path(result["manifest"])
+def built_image(github: Upstreams, docker_host, test_base, runtime_index_served):
+    """One built test image for every module that reads it, in either worker: (builder,
+    image record, manifest)."""
+    from tests.services import once_per_run
+
+    def build(root: Path) -> dict:
+        builder = builder_in(root, github, docker_host)
+        args = image_args(
+            test_base, runtime_index_served, "--json", "--save-context", str(root / "context")
+        )
+        result = json.loads(builder.run(*args).stdout)
+        fields = {k: str(v) for k, v in vars(builder).items() if k != "env"}
+        return {"builder": {**fields, "env": builder.env}, **result}
+
+    made = once_per_run("built-image", build)
+    fields = made["builder"]
+    builder = Builder(
+        *(Path(fields[k]) for k in ("data_dir", "cache_dir")), fields["mirror"],
+        Path(fields["wheelhouse"]), env=fields["env"],
+    )  # fmt: skip
+    return builder, made["image"], Path(made["manifest"])
+
+
+# The test image's repository (images/sm120/target.toml). What its tests count on the
+# engine is counted in it: the other engine group builds beside them under its own.
+IMAGE_REPOSITORY = "sglang-sm120"
+
+
+def repository_tags(client, repository: str = IMAGE_REPOSITORY) -> set[str]:
+    return {t for i in client.images.list(name=repository) for t in i.tags}
+
+
+def repository_containers(client, repository: str = IMAGE_REPOSITORY) -> set[str]:
+    """Ids of the containers (any state) made from an image of `repository`."""
+    return {
+        c.id
+        for c in client.containers.list(all=True)
+        if c.attrs["Config"]["Image"].startswith(f"{repository}:")
+    }
 
 
 def fresh_second() -> int:

@@ -2,11 +2,18 @@
 
 Started the way TESTBED.md measured them (Debian's docker.io, docker-registry, pypiserver).
 Set BUILDER_TEST_DOCKER_HOST to reuse a running engine instead of starting one.
+
+The engine, the runtime index and what is made on the engine once (the test base, the
+test image) are shared by both pytest workers: the first worker to ask makes it, under a
+lock, and records it in the run's shared folder (`once_per_run`); the run's controller
+stops the services at its end (`stop_shared_services`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -16,6 +23,7 @@ import tarfile
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +67,76 @@ class Daemon:
                 self.process.wait()
         if remove_data and self.data_root:
             shutil.rmtree(self.data_root, ignore_errors=True)
+
+
+# The run's shared folder: set by the controller (tests/conftest.py), inherited by workers.
+SHARED_DIR_ENV = "BUILDER_TEST_SHARED_DIR"
+
+
+def once_per_run(name: str, make: Callable[[Path], dict]) -> dict:
+    """`make(folder)`'s record, made by the first process of this test run to ask and read
+    back by every other. A record's "pids" are stopped and its "remove" paths deleted by
+    `stop_shared_services` at the run's end."""
+    from filelock import FileLock
+
+    shared = Path(os.environ[SHARED_DIR_ENV])
+    record = shared / f"{name}.json"
+    with FileLock(shared / f"{name}.lock"):
+        if record.exists():
+            return json.loads(record.read_text())
+        folder = shared / name
+        folder.mkdir(exist_ok=True)
+        made = make(folder)
+        partial = record.with_suffix(".partial")
+        partial.write_text(json.dumps(made))
+        partial.replace(record)
+        return made
+
+
+def _gone(pid: int) -> bool:
+    with contextlib.suppress(ChildProcessError):  # reaped here only if this is its parent
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state == "Z"
+
+
+def stop_shared_services(shared: Path) -> None:
+    """Stop what `once_per_run` started (each pid: SIGTERM, 30 s, SIGKILL) and delete what
+    it asked to (the engine's data root: gigabytes)."""
+    for record in sorted(shared.glob("*.json")):
+        made = json.loads(record.read_text())
+        for pid in made.get("pids", []):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            while not _gone(pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if not _gone(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for path in made.get("remove", []):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def shared_dockerd() -> str:
+    """The run's engine (or BUILDER_TEST_DOCKER_HOST's), started once for both workers."""
+    if reuse := os.environ.get("BUILDER_TEST_DOCKER_HOST"):
+        return reuse
+
+    def start(folder: Path) -> dict:
+        daemon = start_dockerd(folder)
+        assert daemon.process and daemon.data_root
+        return {
+            "host": daemon.host,
+            "pids": [daemon.process.pid],
+            "remove": [str(daemon.data_root)],
+        }
+
+    return once_per_run("dockerd", start)["host"]
 
 
 def start_dockerd(root: Path, *, second: bool = False) -> Daemon:

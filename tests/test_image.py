@@ -19,6 +19,7 @@ import pytest
 from builder import lock
 from builder.target import load_target
 from tests.conftest import (  # noqa: F401 (image_args and WARM_MODULES: imported from here)
+    IMAGE_REPOSITORY,
     REGISTRY_PASSWORD,
     REGISTRY_USER,
     REPO_ROOT,
@@ -30,6 +31,8 @@ from tests.conftest import (  # noqa: F401 (image_args and WARM_MODULES: importe
     container_events,
     fresh_second,
     image_args,
+    repository_containers,
+    repository_tags,
     validate_manifest,
 )
 from tests.services import IMAGE_RUNTIME_REQUIREMENTS
@@ -142,7 +145,12 @@ def test_unchanged_inputs_build_nothing(built, docker_client, test_base, runtime
     )
     assert "all stage keys match" in full.stderr
     again = json.loads(full.stdout)
-    created = container_events(docker_client, "create", since)
+    created = [
+        event
+        for event in container_events(docker_client, "create", since)
+        if event["Actor"]["Attributes"].get("image", "").startswith(f"{IMAGE_REPOSITORY}:")
+        or event["Actor"]["Attributes"].get("image") == image["image_id"]
+    ]
     assert again["image"]["skipped"] is True
     assert again["image"]["image_id"] == image["image_id"]
     sbom_beside = Path(again["manifest"]).with_suffix(".cdx.json").read_text()
@@ -271,17 +279,16 @@ def test_failing_kernel_build_names_the_module_and_leaves_no_tag(
     builder, _, _ = built
     args = image_args(test_base, runtime_index)
     args[args.index("--jit-modules") + 1] = "flashinfer.jit.norm:gen_no_such_module"
-    before = {t for i in docker_client.images.list() for t in i.tags}
-    containers = {c.id for c in docker_client.containers.list(all=True)}
+    before = repository_tags(docker_client)
+    containers = repository_containers(docker_client)
     result = builder.run(*args, check=False)
     assert result.returncode == 1
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert (
         "kernel build failed: cannot load generator flashinfer.jit.norm:gen_no_such_module" in line
     )
-    assert {t for i in docker_client.images.list() for t in i.tags} == before
-    after = {c.id for c in docker_client.containers.list(all=True)}
-    assert after == containers, "the kernel container is removed"
+    assert repository_tags(docker_client) == before
+    assert repository_containers(docker_client) == containers, "the kernel container is removed"
 
 
 def test_failing_build_step_names_the_step_and_leaves_no_tag(
@@ -292,13 +299,13 @@ def test_failing_build_step_names_the_step_and_leaves_no_tag(
     broken = tmp_path / "requirements.txt"  # a user's unhashed list, honoured as given
     broken.write_text(IMAGE_RUNTIME_REQUIREMENTS.read_text() + "no-such-package-for-builder==1.0\n")
     args = image_args(test_base, (index_url, broken))
-    before = {t for i in docker_client.images.list() for t in i.tags}
+    before = repository_tags(docker_client)
     result = builder.run(*args, check=False)
     assert result.returncode == 1
     assert "image build failed at step" in result.stderr
     assert "RUN pip install" in result.stderr
     assert "no-such-package-for-builder" in result.stderr
-    assert {t for i in docker_client.images.list() for t in i.tags} == before
+    assert repository_tags(docker_client) == before
 
 
 def test_docker_daemon_down_is_one_line(builder: Builder) -> None:

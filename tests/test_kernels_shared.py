@@ -56,6 +56,21 @@ REGISTRY_ENV = {
 }
 
 
+# These tests share the engine with the other engine group, whose tests count the tags and
+# containers of repository sglang-sm120 (tests/conftest.py): these build under their own.
+REPOSITORY = "sglang-sm120-kernels"
+
+
+def host(root: Path, github: Upstreams, docker_host: str) -> Builder:
+    """A build host's builder (its own data copy, cache and wheelhouse) on `docker_host`."""
+    builder = builder_in(root, github, docker_host)
+    target = builder.data_dir / "images/sm120-0.5.9/target.toml"
+    text = target.read_text()
+    assert "\n[image]\n" in text, target
+    target.write_text(text.replace("\n[image]\n", f'\n[image]\nrepository = "{REPOSITORY}"\n', 1))
+    return builder
+
+
 def kernel_args(test_base: str, runtime_index, *extra: str, modules: str = MODULES) -> list[str]:
     args = image_args(test_base, runtime_index, "--json", *extra)
     args[args.index("--jit-modules") + 1] = modules
@@ -111,7 +126,7 @@ def forget_kernel_wheels(builder: Builder) -> None:
 
 @pytest.fixture(scope="module")
 def host_a(tmp_path_factory, github: Upstreams, docker_host, test_base, runtime_index, registry):
-    builder = builder_in(tmp_path_factory.mktemp("host-a"), github, docker_host)
+    builder = host(tmp_path_factory.mktemp("host-a"), github, docker_host)
     shared = f"{registry}/kernels"
     result = builder.run(
         *kernel_args(test_base, runtime_index, "--kernel-registry", shared), env=REGISTRY_ENV
@@ -143,7 +158,7 @@ def test_a_fresh_host_takes_every_kernel_from_the_registry(
 
         client_b = docker.DockerClient(base_url=engine.host, timeout=900)
         base_b = build_test_base(client_b, tmp_path_factory.mktemp("host-b-base"))
-        builder = builder_in(tmp_path_factory.mktemp("host-b"), github, engine.host)
+        builder = host(tmp_path_factory.mktemp("host-b"), github, engine.host)
         since = fresh_second()
         result = builder.run(
             *kernel_args(base_b, runtime_index, "--kernel-registry", shared), env=REGISTRY_ENV
@@ -236,7 +251,7 @@ def test_an_unreachable_registry_is_one_line_and_a_local_build(
 ) -> None:
     """Both modules ask the registry side by side: still one line. The plan shows the
     decision a build acts on (compiling both here would prove nothing more)."""
-    builder = builder_in(tmp_path, github, docker_host)
+    builder = host(tmp_path, github, docker_host)
     result = builder.run(
         *kernel_args(
             test_base, runtime_index, "--kernel-registry", "127.0.0.1:9/kernels", "--plan"
@@ -272,7 +287,7 @@ def test_a_forged_registry_entry_is_not_used_and_the_module_compiles(
     kernel_cache.SharedKernels(docker_client, shared).store(entry)
     monkeypatch.undo()  # the builder runs below see only the environment each one is given
 
-    builder = builder_in(tmp_path / "host-c", github, docker_host)
+    builder = host(tmp_path / "host-c", github, docker_host)
     result = builder.run(
         *kernel_args(test_base, runtime_index, "--kernel-registry", shared), env=REGISTRY_ENV
     )
@@ -285,7 +300,7 @@ def test_a_forged_registry_entry_is_not_used_and_the_module_compiles(
 
     # Its plan is enough here: the build acts on the same decisions (the first host above
     # compiled what its plan said), and compiling both modules again would prove nothing more.
-    untrusting = builder_in(tmp_path / "host-d", github, docker_host)
+    untrusting = host(tmp_path / "host-d", github, docker_host)
     env = {k: v for k, v in REGISTRY_ENV.items() if k != kernel_trust.TRUSTED_KEYS_ENV}
     result = untrusting.run(
         *kernel_args(test_base, runtime_index, "--kernel-registry", shared, "--plan"), env=env

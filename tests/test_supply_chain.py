@@ -24,6 +24,7 @@ from tests.conftest import (
     image_args,
     installed_versions,
     make_data_dir,
+    repository_tags,
 )
 from tests.services import IMAGE_RUNTIME_LOCK, runtime_wheelhouse, start_pypiserver
 
@@ -107,7 +108,7 @@ def test_a_stale_target_lock_is_refused_before_the_build(
     builder = _fresh_data(built_image, tmp_path, github)
     lock = builder.data_dir / "images/sm120-0.5.9/runtime-lock.txt"
     lock.write_text(lock.read_text().replace("\ntorch==2.9.1 ", "\ntorch==2.8.0 "))
-    before = {t for i in docker_client.images.list() for t in i.tags}
+    before = repository_tags(docker_client)
     result = builder.run("image", "--base-image", test_base, "--network-host", check=False)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
@@ -115,7 +116,7 @@ def test_a_stale_target_lock_is_refused_before_the_build(
         "run `builder lock --target sm120-0.5.9` and review the change"
     )
     assert "docker build" not in result.stderr
-    assert {t for i in docker_client.images.list() for t in i.tags} == before
+    assert repository_tags(docker_client) == before
 
 
 def test_flashinfer_jit_cache_is_refused_from_a_users_file(built_image, tmp_path) -> None:
@@ -151,7 +152,7 @@ def test_a_tampered_wheel_on_the_index_fails_the_install(
     server, port = start_pypiserver(mirror, tmp_path / "pypi.log")
     manifests = builder.data_dir / "manifests"
     before_manifests = set(manifests.rglob("*.json"))
-    before = {t for i in docker_client.images.list() for t in i.tags}
+    before = repository_tags(docker_client)
     try:
         result = builder.run(
             *image_args(test_base, (f"http://127.0.0.1:{port}/simple/", lock)), check=False
@@ -161,5 +162,5 @@ def test_a_tampered_wheel_on_the_index_fails_the_install(
     assert result.returncode == 1
     assert "image build failed at step" in result.stderr
     assert "DO NOT MATCH THE HASHES" in result.stderr
-    assert {t for i in docker_client.images.list() for t in i.tags} == before
+    assert repository_tags(docker_client) == before
     assert set(manifests.rglob("*.json")) == before_manifests
