@@ -214,9 +214,8 @@ def docker_client(docker_host: str):
 def test_base(docker_client) -> str:
     from tests.services import build_test_base, once_per_run
 
-    return once_per_run("test-base", lambda folder: {"tag": build_test_base(docker_client, folder)})[
-        "tag"
-    ]
+    made = once_per_run("test-base", lambda folder: {"tag": build_test_base(docker_client, folder)})
+    return made["tag"]
 
 
 @pytest.fixture(scope="session")
