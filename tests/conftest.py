@@ -87,6 +87,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     from tests.services import stop_shared_services
 
     if shared := session.config.stash.get(_SHARED_KEY, None):
+        # Without workers (-p no:xdist), a run stopped early (-x, Ctrl-C) still holds its
+        # session fixtures (containers on the engine): they go first, as pytest's runner
+        # plugin would do after this hook.
+        session._setupstate.teardown_exact(None)
         stop_shared_services(shared)
 
 
@@ -238,10 +242,9 @@ def runtime_index_served() -> tuple[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def runtime_index(runtime_index_served: tuple[str, Path], request) -> tuple[str, Path]:
+def runtime_index(runtime_index_served: tuple[str, Path], built_image) -> tuple[str, Path]:
     """The runtime index, once the engine holds the runtime stage: built by the test image
     (`built_image`), so no two builds on the shared engine make that layer at once."""
-    request.getfixturevalue("built_image")
     return runtime_index_served
 
 
@@ -311,15 +314,23 @@ IMAGE_REPOSITORY = "sglang-sm120"
 
 
 def repository_tags(client, repository: str = IMAGE_REPOSITORY) -> set[str]:
-    return {t for i in client.images.list(name=repository) for t in i.tags}
+    # One image may carry tags of both repositories (the kernel-builder stage): its tags
+    # in `repository` only.
+    return {
+        tag
+        for image in client.api.images(name=repository)
+        for tag in image["RepoTags"] or []
+        if tag.startswith(f"{repository}:")
+    }
 
 
 def repository_containers(client, repository: str = IMAGE_REPOSITORY) -> set[str]:
-    """Ids of the containers (any state) made from an image of `repository`."""
+    """Ids of the containers (any state) made from an image of `repository`. From the list
+    alone (`sparse`): the other group's containers come and go between list and inspect."""
     return {
-        c.id
-        for c in client.containers.list(all=True)
-        if c.attrs["Config"]["Image"].startswith(f"{repository}:")
+        container.id
+        for container in client.containers.list(all=True, sparse=True)
+        if container.attrs["Image"].startswith(f"{repository}:")
     }
 
 

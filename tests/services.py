@@ -76,21 +76,32 @@ SHARED_DIR_ENV = "BUILDER_TEST_SHARED_DIR"
 def once_per_run(name: str, make: Callable[[Path], dict]) -> dict:
     """`make(folder)`'s record, made by the first process of this test run to ask and read
     back by every other. A record's "pids" are stopped and its "remove" paths deleted by
-    `stop_shared_services` at the run's end."""
+    `stop_shared_services` at the run's end. A `make` that failed is not tried again: the
+    other worker gets its error at once instead of repeating a half-hour of work."""
     from filelock import FileLock
 
     shared = Path(os.environ[SHARED_DIR_ENV])
     record = shared / f"{name}.json"
     with FileLock(shared / f"{name}.lock"):
-        if record.exists():
-            return json.loads(record.read_text())
-        folder = shared / name
-        folder.mkdir(exist_ok=True)
-        made = make(folder)
-        partial = record.with_suffix(".partial")
-        partial.write_text(json.dumps(made))
-        partial.replace(record)
-        return made
+        if not record.exists():
+            try:
+                made = make(Path(tempfile.mkdtemp(prefix=f"{name}-", dir=shared)))
+            except BaseException as error:
+                made = {"error": f"{type(error).__name__}: {error}"[:4000]}
+                _write_record(record, made)
+                raise
+            _write_record(record, made)
+            return made
+        made = json.loads(record.read_text())
+    if "error" in made:
+        raise RuntimeError(f"{name} failed in the other worker: {made['error']}")
+    return made
+
+
+def _write_record(record: Path, made: dict) -> None:
+    partial = record.with_suffix(".partial")
+    partial.write_text(json.dumps(made))
+    partial.replace(record)
 
 
 def _gone(pid: int) -> bool:
@@ -376,7 +387,12 @@ def build_test_base(client, workdir: Path) -> str:
     except ImageNotFound:
         pass
     in_a_run = SHARED_DIR_ENV in os.environ
-    made = once_per_run("test-base-archive", _base_archive) if in_a_run else _base_archive(workdir)
+    if in_a_run:  # kept for the second engine's import, deleted at the run's end
+        made = once_per_run(
+            "test-base-archive", lambda folder: _base_archive(folder) | {"remove": [str(folder)]}
+        )
+    else:
+        made = _base_archive(workdir)
     image_tar = Path(made["path"])
     with image_tar.open("rb") as handle:
         client.api.import_image_from_data(

@@ -259,8 +259,7 @@ def test_wrong_registry_password_is_a_clear_error(
     assert result.returncode == 1
     assert f"error: push to {repository} failed" in result.stderr
     assert "wrong-pass-123" not in result.stdout + result.stderr
-    tags = [t for i in docker_client.images.list() for t in i.tags]
-    assert not [t for t in tags if t.startswith(repository)], "no registry tag left behind"
+    assert not repository_tags(docker_client, repository), "no registry tag left behind"
 
 
 def test_missing_base_image_says_how_to_provide_it(built, test_base, runtime_index) -> None:
@@ -415,8 +414,7 @@ def test_unreachable_registry_is_a_clear_error_and_leaves_no_tag(
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
     assert line.startswith(f"error: push to {repository} failed:")
     assert "connection refused" in line.lower()
-    tags = [t for i in docker_client.images.list() for t in i.tags]
-    assert not [t for t in tags if t.startswith(repository)]
+    assert not repository_tags(docker_client, repository)
 
 
 def test_two_image_runs_at_once_on_one_cache_both_finish(built, test_base, runtime_index) -> None:
