@@ -90,8 +90,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         # Without workers (-p no:xdist), a run stopped early (-x, Ctrl-C) still holds its
         # session fixtures (containers on the engine): they go first, as pytest's runner
         # plugin would do after this hook.
-        session._setupstate.teardown_exact(None)
-        stop_shared_services(shared)
+        try:
+            session._setupstate.teardown_exact(None)
+        finally:
+            stop_shared_services(shared)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
@@ -325,12 +327,12 @@ def repository_tags(client, repository: str = IMAGE_REPOSITORY) -> set[str]:
 
 
 def repository_containers(client, repository: str = IMAGE_REPOSITORY) -> set[str]:
-    """Ids of the containers (any state) made from an image of `repository`. From the list
-    alone (`sparse`): the other group's containers come and go between list and inspect."""
+    """Ids of the containers (any state) made from an image of `repository`. The other
+    group's containers come and go between list and inspect: those gone are skipped."""
     return {
         container.id
-        for container in client.containers.list(all=True, sparse=True)
-        if container.attrs["Image"].startswith(f"{repository}:")
+        for container in client.containers.list(all=True, ignore_removed=True)
+        if container.attrs["Config"]["Image"].startswith(f"{repository}:")
     }
 
 

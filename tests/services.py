@@ -76,25 +76,26 @@ SHARED_DIR_ENV = "BUILDER_TEST_SHARED_DIR"
 def once_per_run(name: str, make: Callable[[Path], dict]) -> dict:
     """`make(folder)`'s record, made by the first process of this test run to ask and read
     back by every other. A record's "pids" are stopped and its "remove" paths deleted by
-    `stop_shared_services` at the run's end. A `make` that failed is not tried again: the
-    other worker gets its error at once instead of repeating a half-hour of work."""
+    `stop_shared_services` at the run's end. A `make` that failed is not tried again: a
+    later asker gets its error at once instead of repeating a half-hour of work."""
     from filelock import FileLock
 
     shared = Path(os.environ[SHARED_DIR_ENV])
     record = shared / f"{name}.json"
     with FileLock(shared / f"{name}.lock"):
         if not record.exists():
+            folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=shared))
             try:
-                made = make(Path(tempfile.mkdtemp(prefix=f"{name}-", dir=shared)))
-            except BaseException as error:
-                made = {"error": f"{type(error).__name__}: {error}"[:4000]}
-                _write_record(record, made)
+                made = make(folder)
+            except Exception as error:  # an interrupt leaves no record: the run is ending
+                error_text = f"{type(error).__name__}: {error}"[:4000]
+                _write_record(record, {"error": error_text, "remove": [str(folder)]})
                 raise
             _write_record(record, made)
             return made
         made = json.loads(record.read_text())
     if "error" in made:
-        raise RuntimeError(f"{name} failed in the other worker: {made['error']}")
+        raise RuntimeError(f"{name} failed earlier in this run: {made['error']}")
     return made
 
 
