@@ -26,7 +26,7 @@ from builder.target import load_target
 from builder.wheelfiles import write_wheel
 from tests import sglang_flags
 from tests.conftest import REPO_ROOT, Builder
-from tests.services import start_pypiserver
+from tests.services import once_per_run, start_pypiserver
 from tests.upstreams import (
     FLASHINFER_CURRENT,
     build_repository,
@@ -66,12 +66,14 @@ def release_index(sglang_release: Path, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def flashinfer_upstream(tmp_path_factory) -> tuple[str, str]:
+def flashinfer_upstream() -> tuple[str, str]:
     """flashinfer 0.7.2 as a git repository with its submodules, from the sdist: (mirror,
-    commit of the v0.7.2 tag)."""
-    root = tmp_path_factory.mktemp("github-current")
-    commit = build_repository(FLASHINFER_CURRENT, root)
-    return f"https://github.com/=file://{root}/", commit
+    commit of the v0.7.2 tag). Made once for both workers: builder only reads it."""
+    made = once_per_run(
+        "flashinfer-0.7.2-upstream",
+        lambda root: {"root": str(root), "commit": build_repository(FLASHINFER_CURRENT, root)},
+    )
+    return f"https://github.com/=file://{made['root']}/", made["commit"]
 
 
 def _profiles(target: str = TARGET) -> list[str]:
