@@ -246,7 +246,8 @@ def runtime_index_served() -> tuple[str, Path]:
 @pytest.fixture(scope="session")
 def runtime_index(runtime_index_served: tuple[str, Path], built_image) -> tuple[str, Path]:
     """The runtime index, once the engine holds the runtime stage: built by the test image
-    (`built_image`), so no two builds on the shared engine make that layer at once."""
+    (`built_image`), so no two builds on the shared engine make that layer at once (a test
+    run alone that asks for this builds the test image first)."""
     return runtime_index_served
 
 

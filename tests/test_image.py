@@ -135,8 +135,10 @@ def test_labels_record_provenance(built, docker_client) -> None:
 
 
 def test_unchanged_inputs_build_nothing(built, docker_client, test_base, runtime_index) -> None:
-    """Nothing built, and not one container created: the SBOM and kernel inventory the
-    manifest needs come from the cache (kept by image id), not read out of the image."""
+    """Nothing built, and not one container created from the image (its repository or its
+    id: the other engine group makes containers of the test base meanwhile): the SBOM and
+    kernel inventory the manifest needs come from the cache (kept by image id), not read
+    out of the image."""
     builder, image, manifest = built
     since = fresh_second()
     # Another environment, so no record answers: the full no-op path (its record's: below).
@@ -156,7 +158,7 @@ def test_unchanged_inputs_build_nothing(built, docker_client, test_base, runtime
     sbom_beside = Path(again["manifest"]).with_suffix(".cdx.json").read_text()
     assert sbom_beside == manifest.with_suffix(".cdx.json").read_text()
     assert again["image"]["jit_inventory"] == image["jit_inventory"]
-    assert created == [], "a no-op run creates no container"
+    assert created == [], "a no-op run creates no container of the image"
 
 
 def _without_run_stamps(manifest_path: Path) -> dict:
