@@ -9,12 +9,14 @@ includes.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import difflib
 import hashlib
 import io
 import json
 import os
+import shutil
 import sys
 import tarfile
 import tempfile
@@ -42,8 +44,11 @@ pytestmark = pytest.mark.docker
 
 MODULES = "flashinfer.jit.norm:gen_norm_module;flashinfer.jit.comm:gen_vllm_comm_module"
 COMM_HEADER = "include/flashinfer/comm/vllm_custom_all_reduce.cuh"
-# The site's kernel signing key pair, as `builder jit keygen` makes it (one per test run).
-SITE_KEY, SITE_PUBLIC = kernel_trust.generate(Path(tempfile.mkdtemp(prefix="builder-keys-")))
+# The site's kernel signing key pair, as `builder jit keygen` makes it (one per test process,
+# deleted when it ends).
+_KEYS = tempfile.mkdtemp(prefix="builder-keys-")
+atexit.register(shutil.rmtree, _KEYS, ignore_errors=True)
+SITE_KEY, SITE_PUBLIC = kernel_trust.generate(Path(_KEYS))
 KERNEL_TRUST_ENV = {
     kernel_trust.SIGNING_KEY_ENV: str(SITE_KEY),
     kernel_trust.TRUSTED_KEYS_ENV: str(SITE_PUBLIC),
