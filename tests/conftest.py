@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from docker.errors import NotFound
 
+from builder.target import load_target
 from tests import upstreams
 from tests.services import free_port
 
@@ -311,9 +312,9 @@ def built_image(github: Upstreams, docker_host, test_base, runtime_index_served)
     return builder, made["image"], Path(made["manifest"])
 
 
-# The test image's repository (images/sm120/target.toml). What its tests count on the
-# engine is counted in it: the other engine group builds beside them under its own.
-IMAGE_REPOSITORY = "sglang-sm120"
+# The test image's repository, as its target names it. What its tests count on the engine
+# is counted in it: the other engine group builds beside them under its own.
+IMAGE_REPOSITORY = load_target(REPO_ROOT, STACK_TARGET).image.repository
 
 
 def repository_tags(client, repository: str = IMAGE_REPOSITORY) -> set[str]:

@@ -28,6 +28,7 @@ import pytest
 
 from builder.kernels import trust as kernel_trust
 from tests.conftest import (
+    IMAGE_REPOSITORY,
     REGISTRY_PASSWORD,
     REGISTRY_USER,
     Builder,
@@ -62,8 +63,8 @@ REGISTRY_ENV = {
 
 
 # These tests share the engine with the other engine group, whose tests count the tags and
-# containers of repository sglang-sm120 (tests/conftest.py): these build under their own.
-REPOSITORY = "sglang-sm120-kernels"
+# containers of IMAGE_REPOSITORY (tests/conftest.py): these build under their own.
+REPOSITORY = f"{IMAGE_REPOSITORY}-kernels"
 
 
 def host(root: Path, github: Upstreams, docker_host: str) -> Builder:
