@@ -53,3 +53,20 @@ def test_allreduce_fusion_matches_reference(results) -> None:
         ulp = 2.0 ** (math.floor(math.log2(row["max_abs_norm"])) - 7)
         assert row["max_abs_err_residual"] <= 2 * ulp, row
         assert row["max_abs_err_norm"] <= 2 * ulp, row
+
+
+def test_qualify_reads_the_gpus_under_a_real_load(tmp_path) -> None:
+    """bench/gpu_state_check.py: NVML through builder's sampler, idle and under bf16 matmuls,
+    and `builder qualify` (against the stand-in server) with every level sampled."""
+    if not shutil.which("nvidia-smi"):
+        pytest.skip("no NVIDIA GPU here")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench/gpu_state_check.py"), "--out", str(tmp_path), "--qualify"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "gpu-state.json").read_text())
+    for idle, loaded in zip(result["idle"]["per_gpu"], result["loaded"]["per_gpu"], strict=True):
+        assert loaded["power_w_mean"] > idle["power_w_mean"], (idle, loaded)
+    levels = result["qualify"]["receipt"]["throughput"]["levels"]
+    assert levels and all(level["gpu"]["sampled"] for level in levels), levels
