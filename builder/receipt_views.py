@@ -41,7 +41,11 @@ def report_lines(receipt: dict, path: Path, plot: Path | None) -> list[str]:
     for needle in correctness.get("needles") or []:
         tokens = needle["prompt_tokens"] or needle["target_tokens"]
         lines.append(f"{'ok  ' if needle['ok'] else 'FAIL'} needle at {tokens} tokens")
-    for level in (receipt["throughput"] or {}).get("levels", []):
+    throughput = receipt["throughput"] or {}
+    if throughput:
+        why = f" ({throughput['client_why']})" if throughput.get("client_why") else ""
+        lines.append(f"throughput client: {throughput['client']}{why}")
+    for level in throughput.get("levels", []):
         gpu = level["gpu"]
         power = (
             "GPU power "

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 
 from builder import gpu_state
-from tests.conftest import REPO_ROOT, Builder
+from tests.conftest import GOOD_INFO, REPO_ROOT, Builder
 from tests.services import free_port
 
 pytestmark = pytest.mark.docker
@@ -88,9 +88,95 @@ def test_a_right_server_qualifies_with_every_figure_in_the_receipt(
         assert level["gpu"]["sampled"] is False and "NVML" in level["gpu"]["why"]
     assert receipt["gpus"]["available"] is False and "NVML" in receipt["gpus"]["why"]
     assert (out / "receipt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The stand-in image has no sglang: builder's own client, and the receipt says why.
+    assert receipt["throughput"]["client"].startswith("builder")
+    assert receipt["throughput"]["client_why"] == (
+        f"container {name}: its image has no sglang.bench_serving"
+    )
     assert "qualified: every check passed" in result.stdout
     for text in (result.stdout, result.stderr, (out / "receipt.json").read_text()):
         assert KEY not in text
+
+
+STANDIN_BENCH = REPO_ROOT / "tests" / "standin_bench_serving.py"
+
+
+def standin_with_bench_serving(standin, tmp_path: Path, **env: str) -> tuple[str, str]:
+    """The stand-in server in a container that also has `sglang.bench_serving` (the stand-in
+    client, tests/standin_bench_serving.py), as a real sglang image has the real one."""
+    package = tmp_path / "site" / "sglang"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "bench_serving.py").write_text(STANDIN_BENCH.read_text())
+    site = {str(package.parent): {"bind": "/opt/standin-site", "mode": "ro"}}
+    info = {**GOOD_INFO, "tokenizer_path": "/models/standin", "api_key": KEY}
+    return standin(
+        volumes=site, args=("--api-key", KEY), STARTUP_SECONDS="0",
+        PYTHONPATH="/opt/standin-site", SERVER_INFO=json.dumps(info),
+        EXPECT_TOKENIZER="/models/standin", **env,
+    )  # fmt: skip
+
+
+def test_throughput_is_measured_by_the_images_own_bench_serving(
+    builder, docker_host, standin, tmp_path
+) -> None:
+    url, name = standin_with_bench_serving(standin, tmp_path)
+    out = tmp_path / "q"
+    result = qualify(
+        builder, docker_host, url, "--container", name, *SMALL, "--needles", "4096",
+        "--api-key-file", key_file(tmp_path / "key", KEY), "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    receipt = receipt_of(out)
+    throughput = receipt["throughput"]
+    assert throughput["client"] == "sglang.bench_serving in the server's image"
+    assert throughput["client_why"] == f"from container {name}"
+    levels = throughput["levels"]
+    assert [level["concurrency"] for level in levels] == [1, 4]
+    for level in levels:
+        assert (level["completed"], level["failed"], level["total_output_tokens"]) == (8, 0, 64)
+        assert level["ttft_ms"]["p50"] > 0 and level["tpot_ms"]["p50"] >= 1.5
+        assert level["gpu"]["sampled"] is False
+    assert levels[0]["seed"] != levels[1]["seed"]  # no level replays another's prompts
+    assert "throughput client: sglang.bench_serving in the server's image" in result.stdout
+    # The key went to the client through its environment, and bench_serving's copy of the
+    # server's /server_info (which holds it here) stayed out of the receipt.
+    for text in (result.stdout, result.stderr, (out / "receipt.json").read_text()):
+        assert KEY not in text
+
+
+def test_a_bench_serving_that_fails_fails_qualify_at_throughput(
+    builder, docker_host, standin, tmp_path
+) -> None:
+    url, name = standin_with_bench_serving(standin, tmp_path, BENCH_FAIL="1")
+    out = tmp_path / "q"
+    result = qualify(
+        builder, docker_host, url, "--container", name, *SMALL, "--needles", "4096",
+        "--client", "image", "--api-key-file", key_file(tmp_path / "key", KEY),
+        "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 8, result.stdout + result.stderr
+    receipt = receipt_of(out)
+    assert receipt["result"]["failed_at"] == "throughput"
+    assert receipt["result"]["message"] == (
+        "concurrency 1: no request completed (sglang.bench_serving exited 1: "
+        "RuntimeError: CUDA error: no kernel image is available for execution)"
+    )
+
+
+def test_client_image_without_sglang_in_the_container_is_one_line(
+    builder, docker_host, standin, tmp_path
+) -> None:
+    url, name = standin(STARTUP_SECONDS="0")
+    result = qualify(
+        builder, docker_host, url, "--container", name, "--client", "image",
+        "--out", str(tmp_path / "q"),
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.strip() == (
+        f"error: --client image: container {name}: its image has no sglang.bench_serving"
+    )
+    assert not (tmp_path / "q" / "receipt.json").exists()
 
 
 @pytest.mark.parametrize(
@@ -166,6 +252,7 @@ def test_no_server_is_one_line_and_a_receipt_that_says_so(builder, tmp_path) -> 
         (["http://127.0.0.1:1", "--deadline", "nan"], "--deadline nan: must be a number of minutes, 0 or more"),
         (["http://127.0.0.1:1", "--deadline", "20x"], "--deadline 20x: must be a number of minutes"),
         (["http://127.0.0.1:1", "--output-len", "0"], "--output-len 0: must be a whole number above 0"),
+        (["http://127.0.0.1:1", "--client", "image"], "--client image: needs --container NAME or --start"),
         (["ftp://127.0.0.1:1"], "qualify URL 'ftp://127.0.0.1:1': expected http://HOST:PORT"),
         (["--compare", "/nonexistent.json", "/nonexistent.json"], "--compare /nonexistent.json: not a readable receipt"),
     ],

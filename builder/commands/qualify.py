@@ -25,6 +25,7 @@ from builder import (
     receipt_views,
     receipts,
     runtime_jit,
+    serving_bench,
     validate,
     verify,
 )
@@ -271,6 +272,7 @@ def _qualify(args, url: str, api_key, concurrency, needles, out: Path) -> None:
             )
         image = _image_of(given, args.image)
     profile, params = _launched_profile(args, container)
+    client_note = _throughput_client(args, container)
 
     receipt: dict = {
         "schema": receipt_views.RECEIPT_SCHEMA,
@@ -293,7 +295,9 @@ def _qualify(args, url: str, api_key, concurrency, needles, out: Path) -> None:
     }
     run = _Run(receipt)
     with contextlib.suppress(_Failed):  # the receipt says where it stopped
-        _checks(args, run, client, container, image, url, api_key, concurrency, needles)
+        _checks(
+            args, run, client, container, image, url, api_key, concurrency, needles, client_note
+        )
     receipt_path = out / "receipt.json"
     atomic_write_text(receipt_path, json.dumps(receipt, indent=2, sort_keys=True) + "\n")
     plot = receipt_views.plot(receipt, out / "receipt.png") if receipt["throughput"] else None
@@ -318,7 +322,32 @@ def _qualify(args, url: str, api_key, concurrency, needles, out: Path) -> None:
         raise SystemExit(EXIT_CODES["unqualified"])
 
 
-def _checks(args, run, client, container, image, url, api_key, concurrency, needles) -> None:
+def _throughput_client(args, container) -> str:
+    """Which client measures throughput (args.client becomes "image" or "builder"), and why.
+    sglang's own bench_serving from the server's image where it can run; builder's, which
+    follows its definitions, where it cannot (no container to run it in, or no sglang)."""
+    if args.no_throughput:
+        return ""
+    if args.client == "builder":
+        return "--client builder"
+    if container is None:
+        if args.client == "image":
+            raise BuilderError(
+                "--client image: needs --container NAME or --start "
+                "(sglang's bench_serving runs inside the server's container)"
+            )
+        args.client = "builder"
+        return "no --container to run sglang's bench_serving in"
+    why = serving_bench.missing(container)
+    if why and args.client == "image":
+        raise BuilderError(f"--client image: container {container.name}: {why}")
+    args.client = "builder" if why else "image"
+    return f"container {container.name}: {why}" if why else f"from container {container.name}"
+
+
+def _checks(
+    args, run, client, container, image, url, api_key, concurrency, needles, client_note
+) -> None:
     receipt = run.receipt
     # 1. The image's own promise, when it is known and a builder image.
     reference = args.image or (image or {}).get("id")
@@ -409,8 +438,12 @@ def _checks(args, run, client, container, image, url, api_key, concurrency, need
     if args.no_throughput:
         return
     levels = []
+    in_image = args.client == "image"
     receipt["throughput"] = {
-        "client": "builder (sglang bench_serving's metric definitions, /generate streaming)",
+        "client": f"{serving_bench.MODULE} in the server's image"
+        if in_image
+        else "builder (sglang bench_serving's metric definitions, /generate streaming)",
+        "client_why": client_note,
         "input_len": args.input_len,
         "output_len": args.output_len,
         "seed": args.seed,
@@ -421,10 +454,19 @@ def _checks(args, run, client, container, image, url, api_key, concurrency, need
         prompts = args.prompts or min(max(4 * level, 16), 4096)
         with progress.task(f"throughput: concurrency {level}, {prompts} prompts"):
             sampler = gpu_state.measure()
-            result = qualify.run_level(
-                server, level, prompts, args.input_len, args.output_len, args.seed,
-                args.level_seconds,
-            )  # fmt: skip
+            if in_image:
+                result = serving_bench.run_level(
+                    container, base_url=_inside_url(url, server_info), model=model,
+                    tokenizer=args.tokenizer or _tokenizer_of(server_info, model),
+                    api_key=api_key, concurrency=level, prompts=prompts,
+                    input_len=args.input_len, output_len=args.output_len, seed=args.seed,
+                    deadline_s=int(2 * args.level_seconds) + 120,
+                )  # fmt: skip
+            else:
+                result = qualify.run_level(
+                    server, level, prompts, args.input_len, args.output_len, args.seed,
+                    args.level_seconds,
+                )  # fmt: skip
             result["gpu"] = sampler.stop()
         levels.append(result)
         if not result["completed"]:
@@ -432,6 +474,21 @@ def _checks(args, run, client, container, image, url, api_key, concurrency, need
                 "throughput",
                 f"concurrency {level}: no request completed ({result['first_error']})",
             )
+
+
+def _inside_url(url: str, server_info: dict) -> str:
+    """The server as a process in its own container reaches it: loopback, on the port the
+    server itself listens on (a published port may differ)."""
+    parts = urlsplit(url)
+    port = server_info.get("port") if isinstance(server_info.get("port"), int) else parts.port
+    return f"{parts.scheme}://127.0.0.1:{port}"
+
+
+def _tokenizer_of(server_info: dict, model: str) -> str:
+    for key in ("tokenizer_path", "model_path"):
+        if isinstance(server_info.get(key), str) and server_info[key]:
+            return server_info[key]
+    return model
 
 
 def _compare(args) -> None:
@@ -466,9 +523,11 @@ order, stopping at the first hard failure with one line that names it:
               per cache: FlashInfer, DeepGEMM, sglang's JIT, Triton (0 expected)
   correctness short probes with one right answer, at temperature 0; then a code hidden
               in filler at each --needles length (past the sparse top-k of 2048 tokens)
-  throughput  random prompts from --seed at each --concurrency, bench_serving's
-              definitions (output tok/s, req/s, TTFT and TPOT p50/p99), the GPUs'
-              power, SM clock, utilisation and memory sampled with NVML meanwhile
+  throughput  random prompts from --seed at each --concurrency, measured by sglang's
+              own bench_serving inside the server's container (builder's client, same
+              definitions, where it cannot run): output tok/s, req/s, TTFT and TPOT
+              p50/p99; the GPUs' power, SM clock, utilisation and memory sampled with
+              NVML meanwhile
 The receipt (receipt.json, and receipt.png when matplotlib is installed) goes to --out;
 --push-receipt also stores it beside the image in its registry, for verify and launch.
 Exit codes: 0 qualified, 1 bad input, 8 a check failed (the receipt says which),
@@ -539,6 +598,17 @@ examples:
     command.add_argument(
         "--accept-start-compiles", action="store_true",
         help="record JIT compiles at start-up without failing (a host's first start)",
+    )  # fmt: skip
+    command.add_argument(
+        "--client", choices=("auto", "image", "builder"), default="auto",
+        help="throughput client: sglang's own bench_serving inside the server's container "
+        "(image), builder's, which follows its definitions (builder), or image where the "
+        "container has sglang (auto, the default); with image, a level still running after "
+        "2 x --level-seconds + 2 min is stopped and fails",
+    )  # fmt: skip
+    command.add_argument(
+        "--tokenizer", metavar="PATH",
+        help="the tokenizer bench_serving loads in the container (default: the server's)",
     )  # fmt: skip
     command.add_argument("--no-throughput", action="store_true", help="stop after correctness")
     command.add_argument("--out", default="qualify", help="receipt folder (default: ./qualify)")
