@@ -272,7 +272,7 @@ def _qualify(args, url: str, api_key, concurrency, needles, out: Path) -> None:
             )
         image = _image_of(given, args.image)
     profile, params = _launched_profile(args, container)
-    client_note = _throughput_client(args, container)
+    in_image, client_note = _throughput_client(args, container)
 
     receipt: dict = {
         "schema": receipt_views.RECEIPT_SCHEMA,
@@ -296,8 +296,9 @@ def _qualify(args, url: str, api_key, concurrency, needles, out: Path) -> None:
     run = _Run(receipt)
     with contextlib.suppress(_Failed):  # the receipt says where it stopped
         _checks(
-            args, run, client, container, image, url, api_key, concurrency, needles, client_note
-        )
+            args, run, client, container, image, url, api_key, concurrency, needles,
+            (in_image, client_note),
+        )  # fmt: skip
     receipt_path = out / "receipt.json"
     atomic_write_text(receipt_path, json.dumps(receipt, indent=2, sort_keys=True) + "\n")
     plot = receipt_views.plot(receipt, out / "receipt.png") if receipt["throughput"] else None
@@ -322,31 +323,31 @@ def _qualify(args, url: str, api_key, concurrency, needles, out: Path) -> None:
         raise SystemExit(EXIT_CODES["unqualified"])
 
 
-def _throughput_client(args, container) -> str:
-    """Which client measures throughput (args.client becomes "image" or "builder"), and why.
+def _throughput_client(args, container) -> tuple[bool, str]:
+    """Whether sglang's bench_serving in the container measures throughput, and why.
     sglang's own bench_serving from the server's image where it can run; builder's, which
     follows its definitions, where it cannot (no container to run it in, or no sglang)."""
     if args.no_throughput:
-        return ""
+        return False, ""
     if args.client == "builder":
-        return "--client builder"
+        return False, "--client builder"
     if container is None:
         if args.client == "image":
             raise BuilderError(
                 "--client image: needs --container NAME or --start "
                 "(sglang's bench_serving runs inside the server's container)"
             )
-        args.client = "builder"
-        return "no --container to run sglang's bench_serving in"
+        return False, "no --container to run sglang's bench_serving in"
     why = serving_bench.missing(container)
     if why and args.client == "image":
         raise BuilderError(f"--client image: container {container.name}: {why}")
-    args.client = "builder" if why else "image"
-    return f"container {container.name}: {why}" if why else f"from container {container.name}"
+    if why:
+        return False, f"container {container.name}: {why}"
+    return True, f"from container {container.name}"
 
 
 def _checks(
-    args, run, client, container, image, url, api_key, concurrency, needles, client_note
+    args, run, client, container, image, url, api_key, concurrency, needles, throughput_client
 ) -> None:
     receipt = run.receipt
     # 1. The image's own promise, when it is known and a builder image.
@@ -438,7 +439,7 @@ def _checks(
     if args.no_throughput:
         return
     levels = []
-    in_image = args.client == "image"
+    in_image, client_note = throughput_client
     receipt["throughput"] = {
         "client": f"{serving_bench.MODULE} in the server's image"
         if in_image
