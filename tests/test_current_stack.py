@@ -76,6 +76,42 @@ def flashinfer_upstream() -> tuple[str, str]:
     return f"https://github.com/=file://{made['root']}/", made["commit"]
 
 
+def _distributions() -> set[str]:
+    import importlib.metadata
+
+    return {d.metadata["Name"] for d in importlib.metadata.distributions()}
+
+
+@pytest.fixture(scope="session")
+def flashinfer_wheel(flashinfer_upstream: tuple[str, str]) -> dict:
+    """flashinfer 0.7.2's fork wheel, built once per run by `builder wheels` in a cache of
+    its own (minutes of setuptools on 2 cores): its record, its cache entry (for
+    `seed_wheel`) and whether the build left builder's environment as it found it."""
+    mirror, commit = flashinfer_upstream
+
+    def build(root: Path) -> dict:
+        builder = _builder(root, "unused=unused")
+        pin = builder.data_dir / "forks/flashinfer/pin.toml"
+        pin.write_text(pin.read_text().replace(FLASHINFER_PIN["commit"], commit))
+        before = _distributions()
+        result = builder.run("wheels", "--upstream", "flashinfer", "--mirror", mirror, "--json")
+        wheel = json.loads(result.stdout)["upstreams"]["flashinfer"]["wheel"]
+        entry = builder.cache_dir / "wheels" / wheel["cache_key"]
+        assert (entry / "wheel.json").is_file(), entry
+        untouched = before == _distributions()
+        return {"wheel": wheel, "entry": str(entry), "environment_untouched": untouched}
+
+    return once_per_run("flashinfer-0.7.2-wheel", build)
+
+
+def seed_wheel(builder: Builder, made: dict) -> None:
+    """Put the run's flashinfer 0.7.2 wheel into `builder`'s cache. The cache is keyed by
+    every input of the build (fork commit and tree, settings, backend, builder's code): a
+    builder on the same fork takes it as its own, one on another fork never does."""
+    entry = Path(made["entry"])
+    shutil.copytree(entry, builder.cache_dir / "wheels" / entry.name)
+
+
 def _profiles(target: str = TARGET) -> list[str]:
     profiles, _ = launch.load_profiles(REPO_ROOT / "images" / target / "target.toml")
     return list(profiles)
@@ -237,26 +273,26 @@ def test_a_release_that_is_not_the_pinned_one_is_refused_and_nothing_is_left(
 
 
 def test_both_wheels_build_and_the_committed_lock_satisfies_them(
-    tmp_path: Path, release_index: str, flashinfer_upstream: tuple[str, str]
+    tmp_path: Path, release_index: str, flashinfer_upstream: tuple[str, str], flashinfer_wheel
 ) -> None:
     """The whole target's wheels: sglang from its release, flashinfer 0.7.2 built from git
     with the pin's backend settings (no expert-parallel extras, nothing pip-installed into
     builder's environment); `builder lock --check` finds images/sm120/runtime-lock.txt
     current for exactly these wheels, before any wheel is built (read from the sources) and
-    after."""
-    import importlib.metadata
-
+    after. The flashinfer build is the run's one (`flashinfer_wheel`): this builder finds
+    it under its own key."""
     mirror, commit = flashinfer_upstream
     builder = _builder(tmp_path, release_index)
     pin = builder.data_dir / "forks/flashinfer/pin.toml"
     pin.write_text(pin.read_text().replace(FLASHINFER_PIN["commit"], commit))
-    before = {d.metadata["Name"] for d in importlib.metadata.distributions()}
     # A lock reads what each wheel will require from its sources: no wheel is built for it.
     checked = builder.run("lock", "--check", "--mirror", mirror, check=False)
     assert checked.returncode == 0, checked.stderr
     assert not list((builder.cache_dir / "wheels").glob("*/wheel.json"))
+    seed_wheel(builder, flashinfer_wheel)
     result = json.loads(builder.run("wheels", "--mirror", mirror, "--json").stdout)
     flashinfer = result["upstreams"]["flashinfer"]["wheel"]
+    assert flashinfer["cached"] and flashinfer["sha256"] == flashinfer_wheel["wheel"]["sha256"]
     assert flashinfer["version"] == f"0.7.2+sm120.g{commit[:7]}"
     with zipfile.ZipFile(flashinfer["path"]) as archive:
         meta = archive.read("flashinfer/_build_meta.py").decode()
@@ -265,7 +301,7 @@ def test_both_wheels_build_and_the_committed_lock_satisfies_them(
     assert "flashinfer/data/cccl" in {n.rsplit("/", 1)[0] for n in names} or any(
         n.startswith("flashinfer/data/cccl/") for n in names
     )
-    assert {d.metadata["Name"] for d in importlib.metadata.distributions()} == before
+    assert flashinfer_wheel["environment_untouched"], "the build pip-installed into builder's venv"
     checked = builder.run("lock", "--check", "--mirror", mirror, check=False)
     assert checked.returncode == 0, checked.stderr
 
@@ -355,6 +391,7 @@ def test_the_current_stack_builds_into_an_image(
     docker_client,
     test_base: str,
     runtime_index: tuple[str, Path],
+    flashinfer_wheel: dict,
 ) -> None:
     """`builder image --target sm120` on the real engine: sglang 0.5.23 from its released
     wheel (re-pinned to the cp311 file for the suite's Python 3.11 base), flashinfer 0.7.2
@@ -362,7 +399,8 @@ def test_the_current_stack_builds_into_an_image(
     target's 12.0f and checked to load from the kernel wheel. The runtime stage is the
     suite's test runtime (tests/data/image-runtime-lock.txt, shared with the sm120-0.5.9
     test image: flashinfer 0.7.2 imports and compiles with it); the target's own lock is
-    checked against these wheels by the test above."""
+    checked against these wheels by the test above. The flashinfer wheel is the run's one
+    (`flashinfer_wheel`)."""
     import pygit2
 
     from builder.release import import_wheel
@@ -393,6 +431,7 @@ def test_the_current_stack_builds_into_an_image(
         flashinfer_pin.write_text(
             flashinfer_pin.read_text().replace(FLASHINFER_PIN["commit"], flashinfer_commit)
         )
+        seed_wheel(builder, flashinfer_wheel)
         args = image_args(test_base, runtime_index, "--json", "--jit-modules", PCIE_IPC)
         result = json.loads(builder.run(*args, "--mirror", mirror).stdout)
     finally:

@@ -1,0 +1,93 @@
+"""Where the suite's time goes, per test: a pytest plugin, off unless asked for.
+
+    BUILDER_TEST_CPU_PROFILE=/tmp/profile.jsonl ./scripts/test -p tests.cpu_profile
+    .venv/bin/python -m tests.cpu_profile /tmp/profile.jsonl     # the heaviest tests and groups
+
+One line per test (setup, call and teardown together): wall seconds, the CPU of the worker
+itself and of the processes it waited for (builder runs, build backends, nvcc in a build),
+and the CPU every dockerd on the host spent meanwhile (pushes, layer commits; shared by both
+workers, so it is an upper bound for either). What runs in containers is not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PROFILE_ENV = "BUILDER_TEST_CPU_PROFILE"
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _dockerd_seconds() -> float:
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)
+        except OSError:
+            continue
+        if fields[0].endswith("(dockerd"):
+            utime, stime = fields[1].split()[11:13]
+            total += int(utime) + int(stime)
+    return total / _TICKS
+
+
+def _cpu() -> tuple[float, float]:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    out = os.environ.get(PROFILE_ENV)
+    if not out:
+        yield
+        return
+    start, (own, children), dockerd = time.monotonic(), _cpu(), _dockerd_seconds()
+    yield
+    own_after, children_after = _cpu()
+    line = {
+        "test": item.nodeid,
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        "start": time.time(),
+        "wall": round(time.monotonic() - start, 2),
+        "self": round(own_after - own, 2),
+        "children": round(children_after - children, 2),
+        "dockerd": round(_dockerd_seconds() - dockerd, 2),
+    }
+    with open(out, "a") as handle:  # one short write per line: lines of two workers never mix
+        handle.write(json.dumps(line) + "\n")
+
+
+def summarize(path: Path, top: int = 25) -> str:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    lines = [f"{'wall':>7} {'self':>7} {'child':>7} {'dockerd':>7}  test"]
+    for row in sorted(rows, key=lambda r: -r["wall"])[:top]:
+        lines.append(
+            f"{row['wall']:7.1f} {row['self']:7.1f} {row['children']:7.1f} "
+            f"{row['dockerd']:7.1f}  {row['test']}"
+        )
+    groups: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    for row in rows:
+        group = row["test"].split("::")[0] + " @" + row["test"].rsplit("@", 1)[-1]
+        for index, key in enumerate(("wall", "self", "children", "dockerd")):
+            groups[group][index] += row[key]
+    lines.append(f"\n{'wall':>7} {'self':>7} {'child':>7} {'dockerd':>7}  module @group")
+    for group, (wall, own, children, dockerd) in sorted(groups.items(), key=lambda g: -g[1][0]):
+        lines.append(f"{wall:7.1f} {own:7.1f} {children:7.1f} {dockerd:7.1f}  {group}")
+    by_worker: dict[str, float] = defaultdict(float)
+    for row in rows:
+        by_worker[row["worker"]] += row["wall"]
+    lines.append("\nper worker, wall: " + ", ".join(f"{w} {s:.0f} s" for w, s in by_worker.items()))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(summarize(Path(sys.argv[1])))
