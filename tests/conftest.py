@@ -190,6 +190,26 @@ def builder_in(root: Path, github: Upstreams, docker_host: str | None = None) ->
     )  # fmt: skip
 
 
+def seed_cache(builder: Builder, source: Builder) -> None:
+    """`source`'s mirrors and fork wheels in `builder`'s cache, hard-linked: its `sources`
+    finds the pinned commits without a fetch and its `wheels` the keys without a build. For a
+    build host whose fetch and wheel build are not what its test is about (libgit2 writes a
+    repository's files anew and renames them, wheel entries are only read: no link is
+    written through). The other worker may be writing to `source` meanwhile: a file that
+    goes before it is linked (a temporary pack, a staging folder) is left out."""
+    for folder in ("mirrors", "wheels"):
+        for path in sorted((source.cache_dir / folder).rglob("*")):
+            relative = path.relative_to(source.cache_dir)
+            if path.is_dir() or path.suffix == ".lock" or any(
+                part.startswith(".") for part in relative.parts
+            ):
+                continue
+            link = builder.cache_dir / relative
+            link.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.link(path, link)
+
+
 @pytest.fixture
 def builder(tmp_path: Path, data_dir: Path, github: Upstreams) -> Builder:
     return Builder(data_dir, tmp_path / "cache", github.mirror, tmp_path / "wheelhouse")

@@ -21,7 +21,7 @@ import pytest
 from docker.errors import ImageNotFound
 
 from builder.kernels import packs
-from tests.conftest import REPO_ROOT, Builder, Upstreams, builder_in
+from tests.conftest import REPO_ROOT, Builder, Upstreams, builder_in, seed_cache
 from tests.services import free_port
 from tests.test_image import image_args
 from tests.test_readiness import GOOD_INFO, STANDIN
@@ -78,6 +78,7 @@ def test_a_module_compiled_at_start_is_reported_harvested_and_compiled_into_the_
     # A build host whose kernel cache holds the session image's modules: its first build
     # is that image (no compile); the pack this test harvests goes into its own cache only.
     shutil.copytree(built_image[0].cache_dir / "kernels", builder.cache_dir / "kernels")
+    seed_cache(builder, built_image[0])
     first = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
     reference = first["image"]["reference"]
     assert MISSING_MODULE not in {m["name"] for m in first["image"]["jit_inventory"]["modules"]}
@@ -139,12 +140,14 @@ def test_a_module_compiled_at_start_is_reported_harvested_and_compiled_into_the_
 
 
 def test_a_forged_kernel_pack_fails_the_build_and_names_the_pack(
-    tmp_path: Path, github: Upstreams, docker_host, docker_client, test_base, runtime_index
-) -> None:
+    tmp_path: Path, github: Upstreams, docker_host, docker_client, test_base, runtime_index,
+    built_image,
+) -> None:  # fmt: skip
     """Whoever writes a pack can give it a matching name: what it asks for is checked. A
     call that is not a FlashInfer generator is refused before anything runs; a FlashInfer
     call that makes another module than the pack names is refused by the kernel build."""
     builder = builder_in(tmp_path, github, docker_host)
+    seed_cache(builder, built_image[0])
     wheels = json.loads(builder.run("wheels", "--json").stdout)["upstreams"]
     version = wheels["flashinfer"]["wheel"]["version"]
     pack_dir = builder.cache_dir / "kernel-packs"

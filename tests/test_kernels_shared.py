@@ -37,6 +37,7 @@ from tests.conftest import (
     container_events,
     fresh_second,
     pip_freeze,
+    seed_cache,
 )
 from tests.services import build_test_base, start_dockerd, start_pypiserver
 from tests.test_image import image_args
@@ -67,9 +68,13 @@ REGISTRY_ENV = {
 REPOSITORY = f"{IMAGE_REPOSITORY}-kernels"
 
 
-def host(root: Path, github: Upstreams, docker_host: str) -> Builder:
-    """A build host's builder (its own data copy, cache and wheelhouse) on `docker_host`."""
+def host(root: Path, github: Upstreams, docker_host: str, seed: Builder | None = None) -> Builder:
+    """A build host's builder (its own data copy, cache and wheelhouse) on `docker_host`;
+    with `seed`, its cache starts with that builder's mirrors and fork wheels (the kernel
+    step is what these tests are about, and a kernel cache is never seeded)."""
     builder = builder_in(root, github, docker_host)
+    if seed:
+        seed_cache(builder, seed)
     target = builder.data_dir / "images/sm120-0.5.9/target.toml"
     text = target.read_text()
     assert "\n[image]\n" in text, target
@@ -131,8 +136,11 @@ def forget_kernel_wheels(builder: Builder) -> None:
 
 
 @pytest.fixture(scope="module")
-def host_a(tmp_path_factory, github: Upstreams, docker_host, test_base, runtime_index, registry):
-    builder = host(tmp_path_factory.mktemp("host-a"), github, docker_host)
+def host_a(
+    tmp_path_factory, github: Upstreams, docker_host, test_base, runtime_index, registry,
+    built_image,
+):  # fmt: skip
+    builder = host(tmp_path_factory.mktemp("host-a"), github, docker_host, seed=built_image[0])
     shared = f"{registry}/kernels"
     result = builder.run(
         *kernel_args(test_base, runtime_index, "--kernel-registry", shared), env=REGISTRY_ENV
@@ -253,11 +261,11 @@ def test_a_tampered_entry_is_refused_and_compiled_again(host_a, test_base, runti
 
 
 def test_an_unreachable_registry_is_one_line_and_a_local_build(
-    tmp_path, github: Upstreams, docker_host, test_base, runtime_index
+    tmp_path, github: Upstreams, docker_host, test_base, runtime_index, built_image
 ) -> None:
     """Both modules ask the registry side by side: still one line. The plan shows the
     decision a build acts on (compiling both here would prove nothing more)."""
-    builder = host(tmp_path, github, docker_host)
+    builder = host(tmp_path, github, docker_host, seed=built_image[0])
     result = builder.run(
         *kernel_args(
             test_base, runtime_index, "--kernel-registry", "127.0.0.1:9/kernels", "--plan"
@@ -275,7 +283,7 @@ def test_an_unreachable_registry_is_one_line_and_a_local_build(
 
 def test_a_forged_registry_entry_is_not_used_and_the_module_compiles(
     host_a, tmp_path, github: Upstreams, docker_host, docker_client, test_base, runtime_index,
-    monkeypatch,
+    monkeypatch, built_image,
 ) -> None:  # fmt: skip
     """Someone who can push to the kernel registry but holds no site key replaces norm's
     entry (here: host A's own bytes, so only the signature is wrong). A fresh host does not
@@ -293,7 +301,7 @@ def test_a_forged_registry_entry_is_not_used_and_the_module_compiles(
     kernel_cache.SharedKernels(docker_client, shared).store(entry)
     monkeypatch.undo()  # the builder runs below see only the environment each one is given
 
-    builder = host(tmp_path / "host-c", github, docker_host)
+    builder = host(tmp_path / "host-c", github, docker_host, seed=built_image[0])
     result = builder.run(
         *kernel_args(test_base, runtime_index, "--kernel-registry", shared), env=REGISTRY_ENV
     )
@@ -306,7 +314,7 @@ def test_a_forged_registry_entry_is_not_used_and_the_module_compiles(
 
     # Its plan is enough here: the build acts on the same decisions (the first host above
     # compiled what its plan said), and compiling both modules again would prove nothing more.
-    untrusting = host(tmp_path / "host-d", github, docker_host)
+    untrusting = host(tmp_path / "host-d", github, docker_host, seed=built_image[0])
     env = {k: v for k, v in REGISTRY_ENV.items() if k != kernel_trust.TRUSTED_KEYS_ENV}
     result = untrusting.run(
         *kernel_args(test_base, runtime_index, "--kernel-registry", shared, "--plan"), env=env
