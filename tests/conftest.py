@@ -100,9 +100,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        uses_engine = item.get_closest_marker("docker") or _ENGINE_FIXTURES & set(
-            item.fixturenames
-        )
+        # By the fixtures it asks for (directly or through others), not by the module's
+        # `docker` marker: a test of a docker module that reaches no engine (bad input, a
+        # daemon that is down) runs beside the engine's groups.
+        uses_engine = _ENGINE_FIXTURES & set(item.fixturenames)
         module = item.module.__name__
         if uses_engine:
             group = "docker-engine-2" if module in _SECOND_ENGINE_GROUP else "docker-engine"
