@@ -50,13 +50,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
     if not out:
         yield
         return
-    start, (own, children), dockerd = time.monotonic(), _cpu(), _dockerd_seconds()
+    began, start = time.time(), time.monotonic()
+    (own, children), dockerd = _cpu(), _dockerd_seconds()
     yield
     own_after, children_after = _cpu()
     line = {
         "test": item.nodeid,
         "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
-        "start": time.time(),
+        "start": began,
         "wall": round(time.monotonic() - start, 2),
         "self": round(own_after - own, 2),
         "children": round(children_after - children, 2),
@@ -76,7 +77,8 @@ def summarize(path: Path, top: int = 25) -> str:
         )
     groups: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     for row in rows:
-        group = row["test"].split("::")[0] + " @" + row["test"].rsplit("@", 1)[-1]
+        xdist_group = row["test"].rsplit("@", 1)[1] if "@" in row["test"] else "-"
+        group = row["test"].split("::")[0] + " @" + xdist_group
         for index, key in enumerate(("wall", "self", "children", "dockerd")):
             groups[group][index] += row[key]
     lines.append(f"\n{'wall':>7} {'self':>7} {'child':>7} {'dockerd':>7}  module @group")
