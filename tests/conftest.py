@@ -191,16 +191,18 @@ def builder_in(root: Path, github: Upstreams, docker_host: str | None = None) ->
     )  # fmt: skip
 
 
-def seed_cache(builder: Builder, source: Builder) -> None:
-    """`source`'s mirrors and fork wheels in `builder`'s cache, hard-linked: its `sources`
+def seed_cache(
+    builder: Builder, source: Path, folders: tuple[str, ...] = ("mirrors", "wheels")
+) -> None:
+    """The mirrors and fork wheels of cache `source` in `builder`'s, hard-linked: its `sources`
     finds the pinned commits without a fetch and its `wheels` the keys without a build. For a
     build host whose fetch and wheel build are not what its test is about (libgit2 writes a
     repository's files anew and renames them, wheel entries are only read: no link is
     written through). The other worker may be writing to `source` meanwhile: a file that
     goes before it is linked (a temporary pack, a staging folder) is left out."""
-    for folder in ("mirrors", "wheels"):
-        for path in sorted((source.cache_dir / folder).rglob("*")):
-            relative = path.relative_to(source.cache_dir)
+    for folder in folders:
+        for path in sorted((source / folder).rglob("*")):
+            relative = path.relative_to(source)
             if path.is_dir() or path.suffix == ".lock" or any(
                 part.startswith(".") for part in relative.parts
             ):

@@ -25,7 +25,7 @@ from builder import launch
 from builder.target import load_target
 from builder.wheelfiles import write_wheel
 from tests import sglang_flags
-from tests.conftest import REPO_ROOT, Builder
+from tests.conftest import REPO_ROOT, Builder, seed_cache
 from tests.services import once_per_run, start_pypiserver
 from tests.upstreams import (
     FLASHINFER_CURRENT,
@@ -85,8 +85,8 @@ def _distributions() -> set[str]:
 @pytest.fixture(scope="session")
 def flashinfer_wheel(flashinfer_upstream: tuple[str, str]) -> dict:
     """flashinfer 0.7.2's fork wheel, built once per run by `builder wheels` in a cache of
-    its own (minutes of setuptools on 2 cores): its record, its cache entry (for
-    `seed_wheel`) and whether the build left builder's environment as it found it."""
+    its own (minutes of setuptools on 2 cores): its record, that cache (for `seed_wheel`)
+    and whether the build left builder's environment as it found it."""
     mirror, commit = flashinfer_upstream
 
     def build(root: Path) -> dict:
@@ -99,17 +99,16 @@ def flashinfer_wheel(flashinfer_upstream: tuple[str, str]) -> dict:
         entry = builder.cache_dir / "wheels" / wheel["cache_key"]
         assert (entry / "wheel.json").is_file(), entry
         untouched = before == _distributions()
-        return {"wheel": wheel, "entry": str(entry), "environment_untouched": untouched}
+        return {"wheel": wheel, "cache": str(builder.cache_dir), "environment_untouched": untouched}
 
     return once_per_run("flashinfer-0.7.2-wheel", build)
 
 
 def seed_wheel(builder: Builder, made: dict) -> None:
-    """Put the run's flashinfer 0.7.2 wheel into `builder`'s cache. The cache is keyed by
-    every input of the build (fork commit and tree, settings, backend, builder's code): a
-    builder on the same fork takes it as its own, one on another fork never does."""
-    entry = Path(made["entry"])
-    shutil.copytree(entry, builder.cache_dir / "wheels" / entry.name)
+    """The run's flashinfer 0.7.2 wheel in `builder`'s cache. The cache is keyed by every
+    input of the build (fork commit and tree, settings, backend, builder's code): a builder
+    on the same fork takes it as its own, one on another fork never does."""
+    seed_cache(builder, Path(made["cache"]), folders=("wheels",))
 
 
 def _profiles(target: str = TARGET) -> list[str]:

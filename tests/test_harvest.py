@@ -78,7 +78,7 @@ def test_a_module_compiled_at_start_is_reported_harvested_and_compiled_into_the_
     # A build host whose kernel cache holds the session image's modules: its first build
     # is that image (no compile); the pack this test harvests goes into its own cache only.
     shutil.copytree(built_image[0].cache_dir / "kernels", builder.cache_dir / "kernels")
-    seed_cache(builder, built_image[0])
+    seed_cache(builder, built_image[0].cache_dir)
     first = json.loads(builder.run(*image_args(test_base, runtime_index, "--json")).stdout)
     reference = first["image"]["reference"]
     assert MISSING_MODULE not in {m["name"] for m in first["image"]["jit_inventory"]["modules"]}
@@ -147,7 +147,7 @@ def test_a_forged_kernel_pack_fails_the_build_and_names_the_pack(
     call that is not a FlashInfer generator is refused before anything runs; a FlashInfer
     call that makes another module than the pack names is refused by the kernel build."""
     builder = builder_in(tmp_path, github, docker_host)
-    seed_cache(builder, built_image[0])
+    seed_cache(builder, built_image[0].cache_dir)
     wheels = json.loads(builder.run("wheels", "--json").stdout)["upstreams"]
     version = wheels["flashinfer"]["wheel"]["version"]
     pack_dir = builder.cache_dir / "kernel-packs"

@@ -74,7 +74,7 @@ def host(root: Path, github: Upstreams, docker_host: str, seed: Builder | None =
     step is what these tests are about, and a kernel cache is never seeded)."""
     builder = builder_in(root, github, docker_host)
     if seed:
-        seed_cache(builder, seed)
+        seed_cache(builder, seed.cache_dir)
     target = builder.data_dir / "images/sm120-0.5.9/target.toml"
     text = target.read_text()
     assert "\n[image]\n" in text, target
