@@ -320,6 +320,7 @@ def plan(
         "JIT_ARCH_LIST": " ".join(target.arch_list),
         "JIT_MODULES": json.dumps(list(jit_modules)),
         "RUNTIME_REQUIRE_HASHES": "1" if runtime_lock.hashed else "",
+        "BASE_PROVIDES": " ".join(runtime_lock.base_provides),
     }
 
     reference = f"{target.image.repository}:{tag}"
@@ -558,13 +559,25 @@ def _runtime_sbom(
     context: Path,
 ) -> str:
     """The SBOM from what pip installed in the runtime stage (its report, read from the
-    kernel-builder stage, which holds that stage) and builder's wheels."""
+    kernel-builder stage, which holds that stage), what the base provides, and builder's
+    wheels."""
     _ensure_kernel_builder(client, options, image_plan, context)
-    report = json.loads(
-        docker_client.read_file_from_image(client, image_plan.kernel_builder, sbom.REPORT_IN_IMAGE)
-    )
+
+    def read(path: str) -> dict:
+        return json.loads(
+            docker_client.read_file_from_image(client, image_plan.kernel_builder, path)
+        )
+
+    report = read(sbom.REPORT_IN_IMAGE)
+    provided = read(sbom.BASE_PACKAGES_IN_IMAGE) if image_plan.runtime_lock.base_provides else {}
     return sbom.build_sbom(
-        image_plan.repository, image_plan.tag, report, wheels, forks, image_plan.runtime_lock.sha256
+        image_plan.repository,
+        image_plan.tag,
+        report,
+        wheels,
+        forks,
+        image_plan.runtime_lock.sha256,
+        base_packages=provided,
     )
 
 

@@ -61,11 +61,13 @@ def sbom_matches_environment() -> tuple[bool, str]:
         if c.get("purl", "").startswith("pkg:pypi/")
     }
     seeded = {"pip", "setuptools"} - listed.keys()  # from `python -m venv`, when not locked
-    installed = {
-        _canonical(dist.metadata["Name"]): dist.version
-        for dist in metadata.distributions()
-        if _canonical(dist.metadata["Name"]) not in seeded
-    }
+    installed: dict[str, str] = {}
+    # In sys.path order: one the venv installed shadows the base's of that name (a venv
+    # over the base's packages), as it does for import.
+    for dist in metadata.distributions():
+        name = _canonical(dist.metadata["Name"])
+        if name not in seeded:
+            installed.setdefault(name, dist.version)
     wrong = sorted(
         f"{name} {installed.get(name, 'absent')} installed, SBOM says {listed.get(name, 'absent')}"
         for name in installed.keys() | listed.keys()

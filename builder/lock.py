@@ -26,7 +26,7 @@ from builder.errors import BuilderError, Unreachable
 from builder.urls import redact
 
 RESOLVE_TIMEOUT_S = 30 * 60  # uv against a slow index; a hang is not a resolution
-_HEADER = re.compile(r"^# (python|platform|index|inputs): (\S+)$", re.MULTILINE)
+_HEADER = re.compile(r"^# (python|platform|index|inputs|base provides): (\S+)$", re.MULTILINE)
 # pip's forms: --hash=sha256:HEX or --hash sha256:HEX (sha384/sha512 accepted as well).
 _HASH = re.compile(r"--hash[= ](sha256|sha384|sha512):([0-9a-fA-F]+)")
 _OPTIONS = re.compile(r"\s--?[A-Za-z]")
@@ -57,7 +57,7 @@ class Lock:
     path: Path
     text: str
     packages: dict[str, LockedPackage]
-    header: dict[str, str]  # python, platform, index, inputs (as `builder lock` wrote them)
+    header: dict[str, str]  # python, platform, index, inputs, base provides (`builder lock`'s)
     options: tuple[str, ...]  # pip option lines (--find-links ...): a user's file only
 
     @property
@@ -65,12 +65,24 @@ class Lock:
         return any(package.pinned_by_hash for package in self.packages.values())
 
     @property
+    def base_provides(self) -> tuple[str, ...]:
+        """What the lock leaves to the base image's Python (`builder lock --base-provides`):
+        the image's venv sees the base's packages."""
+        listed = self.header.get("base provides", "")
+        return tuple(name for name in listed.split(",") if name)
+
+    @property
     def sha256(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()
 
     def record(self) -> dict:
         """What the manifest says the runtime stage installed from."""
-        return {"file": str(self.path), "sha256": self.sha256, "hashed": self.hashed}
+        return {
+            "file": str(self.path),
+            "sha256": self.sha256,
+            "hashed": self.hashed,
+            "base_provides": list(self.base_provides),
+        }
 
 
 def requirement_lines(text: str) -> list[tuple[int, str]]:
@@ -176,10 +188,14 @@ def target_environment(python: str, platform: str) -> dict[str, str]:
 
 
 def unmet(lock: Lock, requirements: list[Requirement], environment: dict[str, str]) -> list[str]:
-    """The requirements (the target's pins and the wheels' own) the lock does not satisfy."""
+    """The requirements (the target's pins and the wheels' own) the lock does not satisfy;
+    those it leaves to the base image are the base's to meet (checked in the build)."""
     problems = []
+    provided = set(lock.base_provides)
     for requirement in requirements:
         if requirement.marker and not requirement.marker.evaluate(environment):
+            continue
+        if canonicalize_name(requirement.name) in provided:
             continue
         locked = lock.packages.get(canonicalize_name(requirement.name))
         if locked is None:
@@ -219,14 +235,27 @@ def refuse_stale(
         )
 
 
-def header(target: str, python: str, platform: str, index: str, inputs: list[str]) -> str:
-    return (
+def header(
+    target: str,
+    python: str,
+    platform: str,
+    index: str,
+    inputs: list[str],
+    base_provides: tuple[str, ...] = (),
+) -> str:
+    made_by = f"builder lock --target {target}" + "".join(
+        f" --base-provides {name}" for name in base_provides
+    )
+    text = (
         f"# The runtime lock of target {target}: every package of the image's Python\n"
         f"# environment but builder's own wheels, pinned with its sha256. Made by\n"
-        f"# `builder lock --target {target}`; review changes like code, do not edit by hand.\n"
+        f"# `{made_by}`; review changes like code, do not edit by hand.\n"
         f"# python: {python}\n# platform: {platform}\n# index: {redact(index)}\n"
         f"# inputs: {inputs_digest(inputs)}\n"
     )
+    if base_provides:  # and whatever only they require: the base's Python has it
+        text += f"# base provides: {','.join(base_provides)}\n"
+    return text
 
 
 def resolve(
@@ -240,10 +269,13 @@ def resolve(
     output: Path,
     cache_dir: Path,
     refused: dict[str, str],
+    base_provides: tuple[str, ...] = (),
 ) -> Lock:
     """Resolve `inputs` (requirement lines) with uv for the image's Python and platform and
     write the lock to `output` (atomically: a failed resolution, or one that pulls in a
-    package of `refused` {name: why}, leaves the old file)."""
+    package of `refused` {name: why}, leaves the old file). `base_provides` are left out
+    with what only they require: an override no platform matches drops them from the
+    resolution (the base image's Python has them)."""
     from uv import find_uv_bin
 
     with tempfile.TemporaryDirectory(prefix="builder-lock-") as tmp:
@@ -256,6 +288,10 @@ def resolve(
             "--python-version", python, "--python-platform", platform,
             "--no-config", "--color", "never",
         ]  # fmt: skip
+        if base_provides:
+            overrides = Path(tmp) / "base-provides.txt"
+            overrides.write_text("".join(f"{n} ; sys_platform == 'never'\n" for n in base_provides))
+            command += ["--overrides", str(overrides)]
         # The index URLs go in the environment: credentials in them stay out of `ps`.
         environment = {**_uv_environment(cache_dir / "uv"), "UV_INDEX_URL": index_url}
         if extra_index_url:
@@ -277,7 +313,7 @@ def resolve(
                 source = redact(index_url)
                 raise BuilderError(f"cannot resolve the runtime lock from {source}: {detail}")
         body = resolved.read_text()
-    text = header(target, python, platform, index_url, inputs) + body
+    text = header(target, python, platform, index_url, inputs, base_provides) + body
     lock = parse(output, text)
     for name, why in refused.items():
         refuse_names(

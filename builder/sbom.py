@@ -1,7 +1,9 @@
 """The image's SBOM: CycloneDX 1.6 JSON of its Python environment and builder's own wheels.
 
 Runtime packages come from pip's installation report of the runtime stage (each with the
-sha256 of the very file pip installed); builder's wheels carry their upstream and fork
+sha256 of the very file pip installed); packages of the base image's Python that the venv
+uses (a lock with `base provides`) from pip's inventory of it, by name, version and
+location (no file to hash: they came with the base); builder's wheels carry their upstream and fork
 commits and the patch series hashes as properties. The SBOM is validated against the
 CycloneDX schema before it goes into the image and beside the manifest.
 """
@@ -29,6 +31,8 @@ from builder.wheels import BuiltWheel
 
 PATH_IN_IMAGE = "/opt/builder/sbom.cdx.json"
 REPORT_IN_IMAGE = "/opt/builder/runtime-install.json"  # pip install --report, runtime stage
+BASE_PACKAGES_IN_IMAGE = "/opt/builder/base-packages.json"  # pip inspect, the same stage
+VENV = "/opt/venv/"  # the Dockerfile's VIRTUAL_ENV
 _PROPERTY = "builder:"
 
 
@@ -53,6 +57,22 @@ def _runtime_component(item: dict) -> Component:
         purl=PackageURL(type="pypi", name=canonicalize_name(name), version=version),
         hashes=[HashType(alg=HashAlgorithm.SHA_256, content=sha256)] if sha256 else [],
         properties=[Property(name=f"{_PROPERTY}installed-from", value=redact(url))] if url else [],
+    )
+
+
+def _base_component(item: dict) -> Component:
+    metadata = item["metadata"]
+    name, version = metadata["name"], metadata["version"]
+    return Component(
+        name=name,
+        version=version,
+        type=ComponentType.LIBRARY,
+        bom_ref=f"pypi:{canonicalize_name(name)}",
+        purl=PackageURL(type="pypi", name=canonicalize_name(name), version=version),
+        properties=[
+            Property(name=f"{_PROPERTY}provided-by", value="base image"),
+            Property(name=f"{_PROPERTY}location", value=item.get("metadata_location", "")),
+        ],
     )
 
 
@@ -88,15 +108,26 @@ def build_sbom(
     wheels: dict[str, BuiltWheel],
     forks: dict[str, ForkResult],
     lock_sha256: str,
+    base_packages: dict | None = None,
 ) -> str:
     """The SBOM as JSON text, validated. Its serial number is derived from the image and
-    its packages: the same image described again keeps its serial number."""
+    its packages: the same image described again keeps its serial number. `base_packages`
+    is pip's inventory of the runtime venv (`pip inspect`): those outside the venv, and not
+    shadowed by one pip installed into it, came with the base."""
     ours = {canonicalize_name(wheel.dist_name) for wheel in wheels.values()}
     runtime = [
         _runtime_component(item)
         for item in report.get("install", [])
         if canonicalize_name(item["metadata"]["name"]) not in ours
     ]
+    taken = ours | {
+        canonicalize_name(item["metadata"]["name"]) for item in report.get("install", [])
+    }
+    for item in (base_packages or {}).get("installed", []):
+        name = canonicalize_name(item["metadata"]["name"])
+        if name not in taken and not item.get("metadata_location", "").startswith(VENV):
+            runtime.append(_base_component(item))
+            taken.add(name)
     components = [*runtime, *(_wheel_component(n, w, forks.get(n)) for n, w in wheels.items())]
     components.sort(key=lambda c: (str(c.bom_ref), c.version or ""))
     identity = builder_identity()

@@ -123,6 +123,15 @@ def python_platform(setting: str, value: str) -> None:
         )
 
 
+def distribution_name(setting: str, value: str) -> str:
+    """A PyPI distribution name (PEP 508), canonicalized."""
+    from packaging.utils import canonicalize_name
+
+    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", value):
+        raise BuilderError(f"{setting} {value!r}: expected a distribution name, e.g. torch")
+    return canonicalize_name(value)
+
+
 _UNITS = {"s": 1 / 60, "m": 1.0, "h": 60.0}
 
 

@@ -163,9 +163,14 @@ def against_lock(client: docker.DockerClient, reference: str, lock_path: Path) -
     against a lock of the build host's (`images/<target>/runtime-lock.txt`): every locked
     package present at its version. The lock copy inside the image is not what is read."""
     wanted = lock.parse(lock_path)
+    # In sys.path order, the first of a name is the one imported: a venv's shadows the
+    # base's of that name (a lock that leaves packages to the base).
     script = (
-        "import importlib.metadata as m, json; "
-        "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
+        "import importlib.metadata as m, json, re\n"
+        "seen = {}\n"
+        "for d in m.distributions():\n"
+        "    seen.setdefault(re.sub(r'[-_.]+', '-', d.metadata['Name']).lower(), d.version)\n"
+        "print(json.dumps(seen))"
     )
     output = client.containers.run(
         reference, ["-c", script], entrypoint=["python"], network_mode="none", remove=True

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from builder import image, lock, pipeline, progress, validate
 from builder import wheels as wheels_stage
 from builder.cache import locked
@@ -35,6 +37,9 @@ def cmd_lock(args: argparse.Namespace) -> None:
     platform = args.python_platform or target.image.platform
     validate.python_version("--python-version", python)
     validate.python_platform("--python-platform", platform)
+    base_provides = tuple(
+        validate.distribution_name("--base-provides", name) for name in args.base_provides
+    )
     if args.runtime_requirements:
         source = Path(args.runtime_requirements)
         if not source.is_file():
@@ -65,6 +70,11 @@ def cmd_lock(args: argparse.Namespace) -> None:
     except BuilderError as exc:
         progress.warn(f"the current lock does not parse ({exc}): replaced")
         before = {}
+    for name in base_provides:
+        if name in {canonicalize_name(n) for n in ours}:
+            raise BuilderError(
+                f"--base-provides {name}: builder builds it; it cannot come from the base"
+            )
     refused = {name: "builder builds itself" for name in ours}
     refused.update({name: "the target excludes" for name in target.image.exclude_requirements})
     resolved = lock.resolve(
@@ -81,6 +91,7 @@ def cmd_lock(args: argparse.Namespace) -> None:
         output=output,
         cache_dir=ctx.cache_dir,
         refused=refused,
+        base_provides=base_provides,
     )
     after = resolved.packages
     changes = {
@@ -131,6 +142,16 @@ def register(sub) -> None:
         "--runtime-requirements",
         metavar="FILE",
         help="resolve these top-level requirements instead of the wheels' (no wheels are built)",
+    )
+    lock_cmd.add_argument(
+        "--base-provides",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="a distribution the base image's Python already has (torch on an NGC PyTorch or "
+        "Debian base), left out of the lock with what only it requires; the image's venv "
+        "then sees the base's packages, and its build stops if the base lacks it "
+        "(repeatable)",
     )
     lock_cmd.add_argument(
         "--pip-index-url", metavar="URL", help="index to resolve from (default: the target's)"
