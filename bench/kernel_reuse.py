@@ -113,7 +113,7 @@ def main() -> None:
             "--target", STACK_TARGET, "--data-dir", str(data), "--mirror", fixture.mirror,
             "--wheelhouse", str(work / "wheelhouse"),
             "--pip-index-url", f"http://127.0.0.1:{port}/simple/", "--pip-extra-index-url=",
-            "--runtime-requirements", str(services.IMAGE_RUNTIME_REQUIREMENTS),
+            "--runtime-requirements", str(services.IMAGE_RUNTIME_LOCK),
             "--network-host", "--jit-modules", MODULES,
         ]  # fmt: skip
         shared = f"127.0.0.1:{registry_port}/sm120-kernels"

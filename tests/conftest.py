@@ -252,16 +252,16 @@ def test_base(docker_client) -> str:
 def runtime_index_served() -> tuple[str, Path]:
     """A pypiserver holding what the image's runtime stage needs, for offline builds: one for
     the run, since its URL is a build argument of the runtime stage (another URL, another
-    8 GB layer)."""
+    runtime layer)."""
     from tests.services import (
         IMAGE_RUNTIME_LOCK,
         once_per_run,
-        runtime_wheelhouse,
+        runtime_wheelhouses,
         start_pypiserver,
     )
 
     def start(folder: Path) -> dict:
-        process, port = start_pypiserver(runtime_wheelhouse(), folder / "pypiserver.log")
+        process, port = start_pypiserver(runtime_wheelhouses(), folder / "pypiserver.log")
         return {"url": f"http://127.0.0.1:{port}/simple/", "pids": [process.pid]}
 
     return once_per_run("runtime-index", start)["url"], IMAGE_RUNTIME_LOCK
@@ -377,10 +377,11 @@ def container_events(client, event: str, since: int) -> list[dict]:
 
 
 def pip_freeze(client, reference: str) -> list[str]:
-    """`pip freeze --all` in the image: its Python environment, one line per distribution."""
+    """`pip freeze --all --local` in the image: its venv, one line per distribution (not the
+    base's packages it also sees)."""
     output = client.containers.run(
         reference,
-        ["-m", "pip", "freeze", "--all"],
+        ["-m", "pip", "freeze", "--all", "--local"],
         entrypoint=["python"],
         remove=True,
         network_mode="none",  # no bridge needed (a second engine on this host may drop docker0)
@@ -388,13 +389,14 @@ def pip_freeze(client, reference: str) -> list[str]:
     return sorted(output.decode().splitlines())
 
 
-def installed_versions(client, reference: str) -> dict[str, str]:
-    """{canonical name: version} of every distribution in the image's environment."""
+def installed_versions(client, reference: str, *, local: bool = True) -> dict[str, str]:
+    """{canonical name: version} of every distribution in the image's venv (`local`), or
+    every one its Python sees, the base's too."""
     from packaging.utils import canonicalize_name
 
     output = client.containers.run(
         reference,
-        ["-m", "pip", "list", "--format=json"],
+        ["-m", "pip", "list", "--format=json", *(["--local"] if local else [])],
         entrypoint=["python"],
         remove=True,
         network_mode="none",

@@ -225,21 +225,23 @@ def start_registry(root: Path, user: str, password: str) -> tuple[subprocess.Pop
 
 
 def start_pypiserver(
-    packages: Path, log: Path, auth: tuple[str, str] | None = None
+    packages: Path | list[Path], log: Path, auth: tuple[str, str] | None = None
 ) -> tuple[subprocess.Popen, int]:
-    """pypiserver on loopback; uploads need `auth` (htpasswd), downloads need none."""
+    """pypiserver on loopback, serving one folder or several; uploads (to the first) need
+    `auth` (htpasswd), downloads need none."""
+    folders = packages if isinstance(packages, list) else [packages]
     port = free_port()
     command = [
         str(Path(os.sys.executable).parent / "pypi-server"), "run",
         "-i", "127.0.0.1", "-p", str(port), "--disable-fallback", "--hash-algo", "sha256",
     ]  # fmt: skip
     if auth:
-        passwords = packages.parent / f"{packages.name}.htpasswd"
+        passwords = folders[0].parent / f"{folders[0].name}.htpasswd"
         htpasswd(passwords, *auth, bcrypt=False)
         command += ["-a", "update", "-P", str(passwords)]
     else:
         command += ["-a", ".", "-P", "."]
-    command.append(str(packages))
+    command += [str(folder) for folder in folders]
     return start_process(command, port, log, "pypiserver"), port
 
 
@@ -248,8 +250,12 @@ def start_pypiserver(
 DATA = Path(__file__).parent / "data"
 CUDA_TOOLKIT = DATA / "cuda-toolkit.txt"
 IMAGE_RUNTIME_REQUIREMENTS = DATA / "image-runtime-requirements.txt"
-# The same resolved by `builder lock` (python 3.11, manylinux_2_28): what test images install.
+# The same resolved by `builder lock --base-provides torch` (python 3.13, manylinux_2_28):
+# what the sm120-0.5.9 test images install beside the test base's torch.
 IMAGE_RUNTIME_LOCK = DATA / "image-runtime-lock.txt"
+# The current-stack test image's (PyPI's torch 2.9.1 and its CUDA libraries).
+CURRENT_STACK_RUNTIME_LOCK = DATA / "current-stack-runtime-lock.txt"
+TEST_PYTHON = "3.13"  # the test base's (Debian trixie)
 _HEADERS_ONLY = ("nvidia-cublas", "nvidia-curand")
 
 
@@ -266,7 +272,8 @@ def _nvcc_version() -> str:
 
 
 # The suffix changes whenever the recipe below does, so no engine keeps a stale base.
-TEST_BASE = f"builder-test-base:bookworm-cuda{_nvcc_version()}-2"
+DEBIAN_SUITE = "trixie"  # Python 3.13, torch 2.6.0 (python3-torch)
+TEST_BASE = f"builder-test-base:{DEBIAN_SUITE}-torch-cuda{_nvcc_version()}-1"
 
 
 def _pip_download(requirements: list[str], destination: Path, *options: str) -> None:
@@ -278,7 +285,7 @@ def _pip_download(requirements: list[str], destination: Path, *options: str) -> 
         [
             os.sys.executable, "-m", "pip", "--isolated", "download", "-q",
             "--disable-pip-version-check", "--only-binary=:all:",
-            "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64",
+            "--python-version", TEST_PYTHON, "--platform", "manylinux_2_28_x86_64",
             "--platform", "manylinux_2_27_x86_64", "--platform", "manylinux_2_17_x86_64",
             "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_12_x86_64",
             "--platform", "manylinux2010_x86_64", "-d", str(partial), *options, *requirements,
@@ -298,21 +305,32 @@ def _cached_download(name: str, requirements_file: Path, *options: str) -> Path:
     return destination
 
 
-def runtime_wheelhouse() -> Path:
-    """Wheels for the test image's runtime stage (torch with its CUDA libraries), cached."""
-    return _cached_download("image-runtime-wheels", IMAGE_RUNTIME_LOCK, "--require-hashes")
+def runtime_wheelhouse(lock: Path = IMAGE_RUNTIME_LOCK) -> Path:
+    """Wheels for a test image's runtime stage, cached. --no-deps: the lock is whole, and
+    what it leaves to the base (torch) is not to be downloaded."""
+    name = lock.stem.removesuffix("-lock") + "-wheels"
+    return _cached_download(name, lock, "--require-hashes", "--no-deps")
+
+
+def runtime_wheelhouses() -> list[Path]:
+    """What the runtime index serves: both test images' runtime wheels."""
+    return [runtime_wheelhouse(IMAGE_RUNTIME_LOCK), runtime_wheelhouse(CURRENT_STACK_RUNTIME_LOCK)]
+
+
+# Debian's torch is its CPU build (PyPI's for Linux is CUDA's: 8 GB with its libraries);
+# libtorch-dev has the unversioned libc10.so name torch-c-dlpack-ext's addon links to.
+BASE_PACKAGES = "python3,python3-venv,python3-dev,g++,ca-certificates,python3-torch,libtorch-dev"
 
 
 def _debootstrap(destination: Path) -> Path:
-    archive = CACHE / "rootfs-bookworm-python-gxx.tar"
+    archive = CACHE / f"rootfs-{DEBIAN_SUITE}-{hashlib.sha256(BASE_PACKAGES.encode()).hexdigest()[:8]}.tar"
     if archive.exists():
         return archive
     staging = destination / "rootfs"
     subprocess.run(
         [
-            "debootstrap", "--variant=minbase",
-            "--include=python3,python3-venv,python3-dev,g++,ca-certificates",
-            "bookworm", str(staging), "http://deb.debian.org/debian",
+            "debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}",
+            DEBIAN_SUITE, str(staging), "http://deb.debian.org/debian",
         ],
         check=True, capture_output=True,
     )  # fmt: skip
@@ -376,8 +394,8 @@ def _base_archive(workdir: Path) -> dict:
 
 
 def build_test_base(client, workdir: Path) -> str:
-    """Debian + Python + g++ + a CUDA 13 toolkit from NVIDIA's PyPI wheels: enough for a
-    real `docker build` to compile FlashInfer modules for sm_120a. Nothing from this host
+    """Debian + Python + g++ + Debian's CPU torch + a CUDA 13 toolkit from NVIDIA's PyPI
+    wheels: enough for a real `docker build` to compile FlashInfer modules for sm_120a. Nothing from this host
     but its CA bundle (it trusts the TLS-re-signing proxy in front of PyPI). In a test run
     the archive is made once: a second engine imports the same one."""
     from docker.errors import ImageNotFound

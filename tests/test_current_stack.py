@@ -26,7 +26,7 @@ from builder.target import load_target
 from builder.wheelfiles import write_wheel
 from tests import sglang_flags
 from tests.conftest import REPO_ROOT, Builder, seed_cache
-from tests.services import once_per_run, start_pypiserver
+from tests.services import CURRENT_STACK_RUNTIME_LOCK, TEST_PYTHON, once_per_run, start_pypiserver
 from tests.upstreams import (
     FLASHINFER_CURRENT,
     build_repository,
@@ -364,11 +364,11 @@ def test_the_series_moves_to_a_new_release_with_builder_s_own_tools(
         process.terminate()
 
 
-# The suite's base is Debian bookworm (Python 3.11): no Python 3.12 base can be made here
-# (Debian's mirror has none, PyPI has no interpreter). A site on a Python 3.11 base re-pins
-# the release to its cp311 file, as this test does: file, sha256 and the commit builder
+# The suite's base is Debian trixie (Python 3.13): no Python 3.12 base can be made here
+# (Debian's mirror has none, PyPI has no interpreter). A site on a Python 3.13 base re-pins
+# the release to its cp313 file, as this test does: file, sha256 and the commit builder
 # names for it.
-CP311_RELEASE = "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl"
+CP313_RELEASE = "sglang-0.5.23-cp313-cp313-manylinux_2_34_x86_64.whl"
 PCIE_IPC = "flashinfer.jit.comm:gen_pcie_ipc_comm_module"
 
 
@@ -393,19 +393,19 @@ def test_the_current_stack_builds_into_an_image(
     flashinfer_wheel: dict,
 ) -> None:
     """`builder image --target sm120` on the real engine: sglang 0.5.23 from its released
-    wheel (re-pinned to the cp311 file for the suite's Python 3.11 base), flashinfer 0.7.2
+    wheel (re-pinned to the cp313 file for the suite's Python 3.13 base), flashinfer 0.7.2
     from git, one module of the target's list (pcie_ipc_comm) compiled with nvcc 13 for the
-    target's 12.0f and checked to load from the kernel wheel. The runtime stage is the
-    suite's test runtime (tests/data/image-runtime-lock.txt, shared with the sm120-0.5.9
-    test image: flashinfer 0.7.2 imports and compiles with it); the target's own lock is
-    checked against these wheels by the test above. The flashinfer wheel is the run's one
+    target's 12.0f and checked to load from the kernel wheel. The runtime stage installs
+    tests/data/current-stack-runtime-lock.txt (PyPI's torch 2.9.1: flashinfer 0.7.2 needs
+    torch >= 2.7, newer than the test base's); the target's own lock is checked against
+    these wheels by the test above. The flashinfer wheel is the run's one
     (`flashinfer_wheel`)."""
     import pygit2
 
     from builder.release import import_wheel
     from tests.conftest import image_args, validate_manifest
 
-    release = fetch_release_file("sglang", CP311_RELEASE)
+    release = fetch_release_file("sglang", CP313_RELEASE)
     release_sha256 = hashlib.sha256(release.read_bytes()).hexdigest()
     release_commit = import_wheel(
         pygit2.init_repository(tmp_path / "import", bare=True), release, release_sha256
@@ -419,19 +419,22 @@ def test_the_current_stack_builds_into_an_image(
         builder.env["DOCKER_HOST"] = docker_host
         pin = builder.data_dir / "forks/sglang/pin.toml"
         text = pin.read_text()
-        for field, value in (("ref", CP311_RELEASE), ("sha256", release_sha256),
+        for field, value in (("ref", CP313_RELEASE), ("sha256", release_sha256),
                              ("commit", release_commit)):  # fmt: skip
             text = text.replace(f'{field} = "{PIN[field]}"', f'{field} = "{value}"')
         pin.write_text(text)
         target = builder.data_dir / "images/sm120/target.toml"
-        target.write_text(target.read_text().replace('python = "3.12"', 'python = "3.11"'))
+        target.write_text(target.read_text().replace('python = "3.12"', f'python = "{TEST_PYTHON}"'))
         mirror, flashinfer_commit = flashinfer_upstream
         flashinfer_pin = builder.data_dir / "forks/flashinfer/pin.toml"
         flashinfer_pin.write_text(
             flashinfer_pin.read_text().replace(FLASHINFER_PIN["commit"], flashinfer_commit)
         )
         seed_wheel(builder, flashinfer_wheel)
-        args = image_args(test_base, runtime_index, "--json", "--jit-modules", PCIE_IPC)
+        index_url, _ = runtime_index
+        args = image_args(
+            test_base, (index_url, CURRENT_STACK_RUNTIME_LOCK), "--json", "--jit-modules", PCIE_IPC
+        )
         result = json.loads(builder.run(*args, "--mirror", mirror).stdout)
     finally:
         process.terminate()
@@ -442,7 +445,7 @@ def test_the_current_stack_builds_into_an_image(
     assert manifest["target"]["name"] == "sm120" and manifest["target"]["arch_list"] == ["12.0f"]
     sglang = manifest["upstreams"]["sglang"]
     assert sglang["source"] == "release" and sglang["release_sha256"] == release_sha256
-    assert sglang["commit"] == release_commit and sglang["ref"] == CP311_RELEASE
+    assert sglang["commit"] == release_commit and sglang["ref"] == CP313_RELEASE
     assert manifest["upstreams"]["flashinfer"]["commit"] == flashinfer_commit
     wheels = manifest["wheels"]
     assert wheels["sglang"]["version"].startswith("0.5.23+sm120.g")

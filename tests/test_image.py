@@ -1,8 +1,8 @@
 """`builder image` on the real Docker engine, with the real sm120 Dockerfile.
 
 Docker Hub is unreachable here, so the base is a locally made Debian + CUDA 13 toolkit
-image (tests/services.py) and the runtime dependencies come from a loopback pypiserver
-with a reduced list (torch CPU and what flashinfer needs to import and compile). The JIT
+image with Debian's CPU torch (tests/services.py), and the runtime dependencies come from a
+loopback pypiserver with a reduced list (what flashinfer needs beside that torch). The JIT
 warm-up compiles two cheap modules for sm_120a for real with nvcc.
 """
 

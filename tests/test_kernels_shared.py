@@ -25,8 +25,10 @@ from pathlib import Path
 
 import pygit2
 import pytest
+from packaging.utils import canonicalize_name
 
 from builder.kernels import trust as kernel_trust
+from builder.lock import parse
 from tests.conftest import (
     IMAGE_REPOSITORY,
     REGISTRY_PASSWORD,
@@ -39,7 +41,7 @@ from tests.conftest import (
     pip_freeze,
     seed_cache,
 )
-from tests.services import build_test_base, start_dockerd, start_pypiserver
+from tests.services import IMAGE_RUNTIME_LOCK, build_test_base, start_dockerd, start_pypiserver
 from tests.test_image import image_args
 
 pytestmark = pytest.mark.docker
@@ -188,7 +190,10 @@ def test_a_fresh_host_takes_every_kernel_from_the_registry(
         engine.stop(remove_data=True)
     installed_a = pip_freeze(docker_client, first["image"]["reference"])
     assert installed_a == installed_b
-    assert "torch==2.9.1" in installed_a
+    frozen = dict(line.split("==") for line in installed_a if "==" in line)
+    frozen = {canonicalize_name(name): version for name, version in frozen.items()}
+    locked = {name: package.version for name, package in parse(IMAGE_RUNTIME_LOCK).packages.items()}
+    assert locked.items() <= frozen.items()
     modules = this_run(second)
     assert {m["source"] for m in modules.values()} == {"reused"}
     assert "2 of 2 modules have an entry (2 from the registry)" in result.stderr
@@ -351,13 +356,14 @@ def test_a_plain_venv_loads_the_kernels_from_the_index_without_compiling(
             if p.name != wheels["flashinfer"]["filename"]
         ]
         assert others, "the comm-only change left a second flashinfer build"
-        # uv, not pip, installs: the same packages from the same indexes, the torch stack's
-        # 4 GB unpacked in a third of the time (uv is builder's own dependency, mounted in).
+        # uv, not pip, installs: the same packages from the same indexes (uv is builder's own
+        # dependency, mounted in).
         script = f"""
 set -e
-/uv venv -q --python /usr/bin/python3 /venv && . /venv/bin/activate
+# The runtime lock leaves torch to the base (Debian's): the venv sees the system's packages.
+/uv venv -q --system-site-packages --python /usr/bin/python3 /venv && . /venv/bin/activate
 install() {{ /uv pip install -q --no-cache --python /venv/bin/python "$@"; }}
-install --index-url {index_url} -r /reqs.txt
+install --no-deps --index-url {index_url} -r /reqs.txt  # whole but for the base's torch
 # --no-deps: the reduced test runtime lacks some of flashinfer's own requirements (e.g.
 # nvidia-cudnn-frontend); the pair is named exactly, as the manifest records it.
 install --no-deps --index-url http://127.0.0.1:{port}/simple/ \

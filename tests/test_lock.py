@@ -107,3 +107,59 @@ def test_export_names_a_submodule_that_is_not_checked_out(tmp_path: Path) -> Non
     with pytest.raises(BuilderError) as caught:
         export_tree(repo, str(commit), tmp_path / "out")
     assert "submodule vendored at 111111111111 is not checked out" in str(caught.value)
+
+
+def test_what_the_base_provides_is_the_bases_to_meet() -> None:
+    """A lock made with --base-provides torch names it in its header; the target's torch pin
+    is then not the lock's to satisfy, every other requirement still is."""
+    inputs = ["numpy<3", "torch==2.9.1"]
+    header = lock.header(
+        "sm120", "3.12", "x86_64-manylinux_2_39", "https://pypi.org/simple", inputs, ("torch",)
+    )
+    assert "`builder lock --target sm120 --base-provides torch`" in header
+    made = _lock(header + f"numpy==2.1.0 --hash=sha256:{B}\n")
+    assert made.base_provides == ("torch",)
+    assert made.record()["base_provides"] == ["torch"]
+    environment = lock.target_environment("3.12", "x86_64-manylinux_2_39")
+    assert lock.unmet(made, [Requirement(r) for r in inputs], environment) == []
+    assert lock.unmet(made, [Requirement("numpy<2")], environment) == [
+        "numpy<2 is not met by its numpy==2.1.0"
+    ]
+    assert _lock(f"numpy==2.1.0 --hash=sha256:{B}\n").base_provides == ()
+
+
+def test_base_provides_leaves_it_out_with_what_only_it_requires(
+    builder, runtime_index_served, tmp_path: Path
+) -> None:
+    """`builder lock --base-provides torch` against the suite's runtime index (which holds
+    PyPI's torch and its CUDA libraries): the test image's lock, torch and its 8 GB left out;
+    without the option they are back."""
+    from tests.services import IMAGE_RUNTIME_LOCK, IMAGE_RUNTIME_REQUIREMENTS, TEST_PYTHON
+
+    index_url, _ = runtime_index_served
+    made = {}
+    for name, extra in (("base", ("--base-provides", "torch")), ("pypi", ())):
+        out = tmp_path / f"{name}.txt"
+        builder.run(
+            "lock", "--runtime-requirements", str(IMAGE_RUNTIME_REQUIREMENTS),
+            "--python-version", TEST_PYTHON, "--python-platform", "x86_64-manylinux_2_28",
+            "--pip-index-url", index_url, "--pip-extra-index-url=", "--out", str(out), *extra,
+        )  # fmt: skip
+        made[name] = lock.parse(out)
+    committed = lock.parse(IMAGE_RUNTIME_LOCK)
+    versions = {n: p.version for n, p in made["base"].packages.items()}
+    assert versions == {n: p.version for n, p in committed.packages.items()}
+    assert made["base"].base_provides == ("torch",)
+    assert not {"torch", "triton", "sympy", "nvidia-cublas-cu12"} & set(versions)
+    assert {"torch", "triton", "nvidia-cublas-cu12"} <= set(made["pypi"].packages)
+    assert made["pypi"].base_provides == ()
+
+
+def test_base_provides_is_a_distribution_name(builder) -> None:
+    result = builder.run(
+        "lock", "--runtime-requirements", "/dev/null", "--base-provides", "torch>=2", check=False
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: --base-provides 'torch>=2': expected a distribution name, e.g. torch"
+    )

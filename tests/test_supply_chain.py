@@ -44,6 +44,11 @@ def test_the_image_holds_exactly_the_lock(built_image, docker_client) -> None:
     assert image["runtime_lock"]["hashed"] is True
     lock_sha256 = hashlib.sha256(IMAGE_RUNTIME_LOCK.read_bytes()).hexdigest()
     assert image["runtime_lock"]["sha256"] == lock_sha256
+    # torch is the base's (the lock leaves it there): the venv sees it, and pip put none in.
+    assert image["runtime_lock"]["base_provides"] == ["torch"]
+    assert "torch" not in installed
+    seen = installed_versions(docker_client, image["reference"], local=False)
+    assert seen["torch"].startswith("2.6.0"), seen.get("torch")
 
 
 def test_the_sbom_validates_and_lists_what_is_installed(built_image, docker_client) -> None:
@@ -66,6 +71,13 @@ def test_the_sbom_validates_and_lists_what_is_installed(built_image, docker_clie
         (digest,) = [h["content"] for h in components[name]["hashes"] if h["alg"] == "SHA-256"]
         if name in locked:  # the very file pip installed is one the lock allows
             assert digest in locked[name].hashes, name
+    # The base's torch is named with where it lies; no hash: no file of it was installed.
+    seen = installed_versions(docker_client, image["reference"], local=False)
+    torch = components["torch"]
+    assert torch["version"] == seen["torch"] and not torch.get("hashes")
+    properties = {p["name"]: p["value"] for p in torch["properties"]}
+    assert properties["builder:provided-by"] == "base image"
+    assert properties["builder:location"].startswith("/usr/lib/python3/dist-packages/")
     for key, wheel in manifest["wheels"].items():
         component = components[canonicalize_name(wheel["dist_name"])]
         assert component["hashes"][0]["content"] == wheel["sha256"]
@@ -164,3 +176,23 @@ def test_a_tampered_wheel_on_the_index_fails_the_install(
     assert "DO NOT MATCH THE HASHES" in result.stderr
     assert repository_tags(docker_client) == before
     assert set(manifests.rglob("*.json")) == before_manifests
+
+
+def test_a_base_without_what_the_lock_leaves_to_it_stops_the_build(
+    built_image, docker_client, test_base, runtime_index, tmp_path
+) -> None:
+    """A lock that leaves a package to the base (`base provides`) on a base that lacks it:
+    the runtime step stops, naming the package, before pip installs anything."""
+    builder, _, _ = built_image
+    index_url, _ = runtime_index
+    lock = tmp_path / "lock.txt"
+    text = IMAGE_RUNTIME_LOCK.read_text()
+    assert "\n# base provides: torch\n" in text
+    lock.write_text(text.replace("\n# base provides: torch\n", "\n# base provides: torch,vllm\n"))
+    before = repository_tags(docker_client)
+    result = builder.run(*image_args(test_base, (index_url, lock)), check=False)
+    assert result.returncode == 1
+    assert "image build failed at step" in result.stderr
+    assert "the base image has no vllm, which the runtime lock leaves to it" in result.stderr
+    assert "Collecting" not in result.stderr
+    assert repository_tags(docker_client) == before
