@@ -237,6 +237,7 @@ def local_plan(target: Target, wheels: dict[str, BuiltWheel], options: ImageOpti
         "runtime_lock": {
             "file": str(options.runtime_requirements or target.image.lock),
             "packages": len(runtime_lock.packages),
+            "base_provides": list(runtime_lock.base_provides),
         },
         "kernels": [
             {"generator": call, "harvested_from": harvested.get(call, {}).get("pack")}

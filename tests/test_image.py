@@ -35,7 +35,7 @@ from tests.conftest import (  # noqa: F401 (image_args and WARM_MODULES: importe
     repository_tags,
     validate_manifest,
 )
-from tests.services import IMAGE_RUNTIME_REQUIREMENTS
+from tests.services import IMAGE_RUNTIME_LOCK, IMAGE_RUNTIME_REQUIREMENTS
 
 pytestmark = pytest.mark.docker
 
@@ -304,7 +304,7 @@ def test_failing_build_step_names_the_step_and_leaves_no_tag(
     result = builder.run(*args, check=False)
     assert result.returncode == 1
     assert "image build failed at step" in result.stderr
-    assert "RUN pip install" in result.stderr
+    assert "pip install ${RUNTIME_REQUIRE_HASHES" in result.stderr  # the runtime step
     assert "no-such-package-for-builder" in result.stderr
     assert repository_tags(docker_client) == before
 
@@ -347,8 +347,15 @@ def test_plan_without_a_daemon_says_what_is_known_from_this_machine(builder: Bui
     assert plan["runtime_lock"]["file"] == str(target.image.lock)
     assert plan["runtime_lock"]["packages"] == len(lock.parse(target.image.lock).packages)
     assert set(plan["wheels"]) == {"sglang", "flashinfer"}
+    assert plan["runtime_lock"]["base_provides"] == []
     shown = builder.run("image", "--plan", env={"DOCKER_HOST": "unix:///nonexistent.sock"})
     assert "unknown without a Docker daemon" in shown.stdout
+    # A lock that leaves torch to the base says so.
+    with_base = builder.run(
+        "image", "--plan", "--runtime-requirements", str(IMAGE_RUNTIME_LOCK),
+        env={"DOCKER_HOST": "unix:///nonexistent.sock"},
+    )  # fmt: skip
+    assert f"from {IMAGE_RUNTIME_LOCK} (current), beside the base's torch" in with_base.stdout
 
 
 def test_manifest_records_exactly_what_was_built(built, docker_client) -> None:

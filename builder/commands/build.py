@@ -162,12 +162,14 @@ def _plan_without_daemon(args, ctx, options: image.ImageOptions, why: Unreachabl
     result = image.local_plan(ctx.target, wheels, options)
     result["daemon"] = str(why)
     lock = result["runtime_lock"]
+    provided = ", ".join(lock["base_provides"])
+    beside = f", beside the base's {provided}" if provided else ""
     lines = [
         f"image {result['repository']}:<tag> (the tag hashes the base image's id: unknown "
         "without a Docker daemon; so is which stages and kernels are cached)",
         f"  base       {result['base_image']}",
         *(f"  wheel      {filename}" for filename in result["wheels"].values()),
-        f"  runtime    {lock['packages']} packages from {lock['file']} (current)",
+        f"  runtime    {lock['packages']} packages from {lock['file']} (current){beside}",
         *(
             f"  kernel     {k['generator']}"
             + (f" (harvested: {k['harvested_from']})" if k["harvested_from"] else "")
