@@ -44,32 +44,34 @@ def _sha256_of(item: dict) -> str | None:
     return value if algorithm == "sha256" else None
 
 
-def _runtime_component(item: dict) -> Component:
-    metadata = item["metadata"]
-    name, version = metadata["name"], metadata["version"]
-    sha256 = _sha256_of(item)
-    url = (item.get("download_info") or {}).get("url", "")
+def _pypi_component(item: dict, hashes: list[HashType], properties: list[Property]) -> Component:
+    name, version = item["metadata"]["name"], item["metadata"]["version"]
     return Component(
         name=name,
         version=version,
         type=ComponentType.LIBRARY,
         bom_ref=f"pypi:{canonicalize_name(name)}",
         purl=PackageURL(type="pypi", name=canonicalize_name(name), version=version),
-        hashes=[HashType(alg=HashAlgorithm.SHA_256, content=sha256)] if sha256 else [],
-        properties=[Property(name=f"{_PROPERTY}installed-from", value=redact(url))] if url else [],
+        hashes=hashes,
+        properties=properties,
+    )
+
+
+def _runtime_component(item: dict) -> Component:
+    sha256 = _sha256_of(item)
+    url = (item.get("download_info") or {}).get("url", "")
+    return _pypi_component(
+        item,
+        [HashType(alg=HashAlgorithm.SHA_256, content=sha256)] if sha256 else [],
+        [Property(name=f"{_PROPERTY}installed-from", value=redact(url))] if url else [],
     )
 
 
 def _base_component(item: dict) -> Component:
-    metadata = item["metadata"]
-    name, version = metadata["name"], metadata["version"]
-    return Component(
-        name=name,
-        version=version,
-        type=ComponentType.LIBRARY,
-        bom_ref=f"pypi:{canonicalize_name(name)}",
-        purl=PackageURL(type="pypi", name=canonicalize_name(name), version=version),
-        properties=[
+    return _pypi_component(
+        item,
+        [],
+        [
             Property(name=f"{_PROPERTY}provided-by", value="base image"),
             Property(name=f"{_PROPERTY}location", value=item.get("metadata_location", "")),
         ],
