@@ -6,18 +6,6 @@ import argparse
 import os
 from pathlib import Path
 
-from builder import (
-    docker_client,
-    image,
-    launch,
-    lock,
-    manifest,
-    noop,
-    pipeline,
-    provenance,
-    registry,
-    validate,
-)
 from builder.cache import locked
 from builder.commands.common import (
     FETCH,
@@ -37,8 +25,20 @@ from builder.commands.publish import (
     publish_wheels,
 )
 from builder.errors import BuilderError, Unreachable
-from builder.kernels import packs
+from builder.lazy import lazy_module
 from builder.settings import resolve_data_dir
+
+docker_client = lazy_module("builder.docker_client")
+image = lazy_module("builder.image")
+launch = lazy_module("builder.launch")
+lock = lazy_module("builder.lock")
+manifest = lazy_module("builder.manifest")
+noop = lazy_module("builder.noop")
+packs = lazy_module("builder.kernels.packs")
+pipeline = lazy_module("builder.pipeline")
+provenance = lazy_module("builder.provenance")
+registry = lazy_module("builder.registry")
+validate = lazy_module("builder.validate")
 
 KERNEL_REGISTRY_ENV = "BUILDER_KERNEL_REGISTRY"
 

@@ -6,19 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from docker.errors import ImageNotFound, NotFound
 from packaging.version import Version
 
-from builder import (
-    docker_client,
-    doctor,
-    launch,
-    manifest,
-    runtime_jit,
-    validate,
-    verify,
-)
-from builder import recipe as image_recipe
 from builder.commands.common import (
     HelpFormatter,
     add_output_options,
@@ -27,9 +16,20 @@ from builder.commands.common import (
 )
 from builder.commands.serve import compiled_line, say_receipt
 from builder.errors import BuilderError
-from builder.kernels import packs
+from builder.lazy import lazy_module
 from builder.settings import resolve_data_dir
 from builder.target import load_target
+
+docker_client = lazy_module("builder.docker_client")
+doctor = lazy_module("builder.doctor")
+image_recipe = lazy_module("builder.recipe")
+launch = lazy_module("builder.launch")
+manifest = lazy_module("builder.manifest")
+packs = lazy_module("builder.kernels.packs")
+runtime_jit = lazy_module("builder.runtime_jit")
+validate = lazy_module("builder.validate")
+verify = lazy_module("builder.verify")
+docker = lazy_module("docker")
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
@@ -125,7 +125,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
     if args.container and client is not None:
         try:
             container = client.containers.get(args.container)
-        except NotFound:
+        except docker.errors.NotFound:
             raise BuilderError(f"--container {args.container}: no such container") from None
         compiled = [m.name for m in packs.compiled_in_container(container)]
         findings.append(
@@ -150,7 +150,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         present = True
         try:
             client.images.get(args.image)
-        except ImageNotFound:
+        except docker.errors.ImageNotFound:
             present = False
         findings.append(doctor.check_image(args.image, present))
 

@@ -9,8 +9,8 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-from builder import pipeline, validate
 from builder.cache import locked
+from builder.lazy import lazy_module
 from builder.settings import (
     CACHE_ENV,
     DATA_ENV,
@@ -21,6 +21,9 @@ from builder.settings import (
     resolve_mirrors,
 )
 from builder.target import load_target
+
+pipeline = lazy_module("builder.pipeline")
+validate = lazy_module("builder.validate")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -5,9 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from docker.errors import NotFound
-
-from builder import docker_client
 from builder.commands.common import (
     add_cache_option,
     add_output_options,
@@ -15,10 +12,15 @@ from builder.commands.common import (
     emit,
 )
 from builder.errors import BuilderError
-from builder.kernels import jit_list, packs
-from builder.kernels import trust as kernel_trust
+from builder.lazy import lazy_module
 from builder.settings import resolve_cache_dir, resolve_data_dir
 from builder.target import load_target
+
+docker_client = lazy_module("builder.docker_client")
+jit_list = lazy_module("builder.kernels.jit_list")
+kernel_trust = lazy_module("builder.kernels.trust")
+packs = lazy_module("builder.kernels.packs")
+docker = lazy_module("docker")
 
 
 def cmd_jit_list(args: argparse.Namespace) -> None:
@@ -42,7 +44,7 @@ def cmd_jit_harvest(args: argparse.Namespace) -> None:
         client = docker_client.connect()
         try:
             container = client.containers.get(args.container)
-        except NotFound:
+        except docker.errors.NotFound:
             raise BuilderError(f"--container {args.container}: no such container") from None
         modules, pack = packs.harvest_container(container, out)
         where = f"container {args.container}"

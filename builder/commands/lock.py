@@ -7,11 +7,17 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from builder import image, lock, pipeline, progress, validate
-from builder import wheels as wheels_stage
 from builder.cache import locked
 from builder.commands.common import FETCH, PROJECT, add_command, context, emit
 from builder.errors import BuilderError
+from builder.lazy import lazy_module
+
+image = lazy_module("builder.image")
+lock = lazy_module("builder.lock")
+pipeline = lazy_module("builder.pipeline")
+progress = lazy_module("builder.progress")
+validate = lazy_module("builder.validate")
+wheels_stage = lazy_module("builder.wheels")
 
 
 def _declared_requirements(ctx: pipeline.Context) -> dict[str, list]:

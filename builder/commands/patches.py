@@ -6,7 +6,6 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from builder import series
 from builder.cache import locked
 from builder.commands.common import (
     BUILD_COMMAND,
@@ -18,7 +17,10 @@ from builder.commands.common import (
     print_json,
 )
 from builder.errors import EXIT_CODES, BuilderError
-from builder.patches import parse_patch_file
+from builder.lazy import lazy_module
+
+series = lazy_module("builder.series")
+patch_files = lazy_module("builder.patches")
 
 
 def cmd_patches_list(args: argparse.Namespace) -> None:
@@ -27,7 +29,7 @@ def cmd_patches_list(args: argparse.Namespace) -> None:
     for name, use in ctx.selected().items():
         entries = []
         for path in use.fork.patch_files(use.series):
-            patch = parse_patch_file(path)
+            patch = patch_files.parse_patch_file(path)
             entries.append(
                 {
                     "file": path.name,

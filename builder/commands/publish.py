@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from builder import manifest, progress, publish, self_wheel, validate
 from builder.cache import atomic_copy, sha256_file
 from builder.commands.common import (
     add_command,
@@ -18,10 +18,20 @@ from builder.commands.common import (
     wheelhouse_dir,
 )
 from builder.errors import BuilderError
-from builder.identity import builder_identity
-from builder.kernels import wheel as kernel_wheel
+from builder.lazy import lazy_module
 from builder.urls import has_credentials, redact
-from builder.wheels import BuiltWheel
+
+if TYPE_CHECKING:
+    from builder.wheels import BuiltWheel
+
+identity = lazy_module("builder.identity")
+kernel_wheel = lazy_module("builder.kernels.wheel")
+manifest = lazy_module("builder.manifest")
+progress = lazy_module("builder.progress")
+publish = lazy_module("builder.publish")
+self_wheel = lazy_module("builder.self_wheel")
+validate = lazy_module("builder.validate")
+wheels_stage = lazy_module("builder.wheels")
 
 
 def _manifest_kernel_wheel(
@@ -50,7 +60,7 @@ def _manifest_kernel_wheel(
                 f"{wheel}: not the kernel wheel {path.name} records (sha256 differs): not "
                 "published; run `builder image` again"
             )
-        return BuiltWheel(
+        return wheels_stage.BuiltWheel(
             name="kernels",
             dist_name=kernel_wheel.DIST_NAME,
             version=named["version"],
@@ -100,7 +110,7 @@ def publish_wheels(
     if not (args.publish or args.publish_repository or args.publish_static):
         return {name: [] for name in wheels}, None
     own = None
-    if builder_identity()["dirty"]:
+    if identity.builder_identity()["dirty"]:
         progress.warn(
             "builder's checkout has uncommitted changes: its own wheel is not published "
             "(commit them, then publish again)"

@@ -12,24 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from docker.errors import APIError, NotFound
 from rich.markup import escape
 
-from builder import (
-    docker_client,
-    gpu_state,
-    launch,
-    progress,
-    qualify,
-    readiness,
-    receipt_views,
-    receipts,
-    runtime_jit,
-    serving_bench,
-    validate,
-    verify,
-)
-from builder import recipe as image_recipe
 from builder.cache import atomic_write_text
 from builder.commands.common import (
     EPILOG,
@@ -45,10 +29,26 @@ from builder.commands.serve import (
     start_server,
 )
 from builder.errors import EXIT_CODES, BuilderError
-from builder.identity import builder_identity
-from builder.kernels import packs
+from builder.lazy import lazy_module
 from builder.settings import resolve_data_dir
 from builder.target import load_target
+
+docker_client = lazy_module("builder.docker_client")
+gpu_state = lazy_module("builder.gpu_state")
+image_recipe = lazy_module("builder.recipe")
+launch = lazy_module("builder.launch")
+packs = lazy_module("builder.kernels.packs")
+progress = lazy_module("builder.progress")
+qualify = lazy_module("builder.qualify")
+readiness = lazy_module("builder.readiness")
+receipt_views = lazy_module("builder.receipt_views")
+receipts = lazy_module("builder.receipts")
+runtime_jit = lazy_module("builder.runtime_jit")
+serving_bench = lazy_module("builder.serving_bench")
+validate = lazy_module("builder.validate")
+verify = lazy_module("builder.verify")
+docker = lazy_module("docker")
+identity = lazy_module("builder.identity")
 
 DEFAULT_CONCURRENCY = "1,64,256,1024"
 DEFAULT_NEEDLES = "4096,16384,65536"
@@ -246,7 +246,7 @@ def _stop_server(name: str, out: Path) -> None:
         container.stop(timeout=60)
         atomic_write_text(out / "server.log", container.logs().decode(errors="replace"))
         container.remove()
-    except (BuilderError, NotFound, APIError, OSError) as exc:
+    except (BuilderError, docker.errors.NotFound, docker.errors.APIError, OSError) as exc:
         progress.warn(f"could not stop and remove {name}: {exc}; `docker rm -f {name}`")
         return
     progress.info(f"stopped and removed {name}, its log in {out / 'server.log'}")
@@ -258,7 +258,7 @@ def _qualify(args, url: str, api_key, concurrency, needles, out: Path) -> None:
     if args.container:
         try:
             container = client.containers.get(args.container)
-        except NotFound:
+        except docker.errors.NotFound:
             raise BuilderError(f"--container {args.container}: no such container") from None
     image = (
         _image_of(container.image, container.attrs["Config"].get("Image")) if container else None
@@ -277,7 +277,7 @@ def _qualify(args, url: str, api_key, concurrency, needles, out: Path) -> None:
     receipt: dict = {
         "schema": receipt_views.RECEIPT_SCHEMA,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "builder": builder_identity(),
+        "builder": identity.builder_identity(),
         "server": {
             "url": _public_url(url),
             "container": args.container,
@@ -396,7 +396,7 @@ def _checks(
         try:
             flashinfer = [m.name for m in packs.compiled_in_container(container)]
             others = runtime_jit.compiled_in_container(container)
-        except APIError as exc:
+        except docker.errors.APIError as exc:
             run.fail("startup", f"cannot inspect container {args.container}: {exc.explanation}")
         compiled = {"flashinfer": flashinfer, **others.to_json()}
         startup["compiled_at_start"] = compiled

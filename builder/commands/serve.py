@@ -11,20 +11,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from docker.errors import APIError, NotFound
 from rich.markup import escape
 
-from builder import (
-    docker_client,
-    launch,
-    manifest,
-    progress,
-    readiness,
-    receipts,
-    runtime_jit,
-    validate,
-)
-from builder import recipe as image_recipe
 from builder.cache import atomic_write_text
 from builder.commands.common import (
     PROJECT,
@@ -36,9 +24,21 @@ from builder.commands.common import (
     print_json,
 )
 from builder.errors import BuilderError
-from builder.kernels import packs
+from builder.lazy import lazy_module
 from builder.settings import resolve_data_dir
 from builder.target import load_target
+
+docker_client = lazy_module("builder.docker_client")
+image_recipe = lazy_module("builder.recipe")
+launch = lazy_module("builder.launch")
+manifest = lazy_module("builder.manifest")
+packs = lazy_module("builder.kernels.packs")
+progress = lazy_module("builder.progress")
+readiness = lazy_module("builder.readiness")
+receipts = lazy_module("builder.receipts")
+runtime_jit = lazy_module("builder.runtime_jit")
+validate = lazy_module("builder.validate")
+docker = lazy_module("docker")
 
 # Where `deploy-files --install` puts a profile's service files.
 INSTALL_DIR = "/etc/sglang"
@@ -157,7 +157,7 @@ def start_server(recipe: launch.Recipe) -> None:
     client = docker_client.connect()
     try:
         client.containers.get(recipe.container_name)
-    except NotFound:
+    except docker.errors.NotFound:
         pass
     else:
         raise BuilderError(
@@ -242,7 +242,7 @@ def _wait(args, url: str, container: str | None, expect: dict, deadline_minutes:
         client = docker_client.connect()
         try:
             client.containers.get(container)
-        except NotFound:
+        except docker.errors.NotFound:
             raise BuilderError(f"--container {container}: no such container") from None
     verdict = readiness.wait_ready(
         url,
@@ -261,7 +261,7 @@ def _wait(args, url: str, container: str | None, expect: dict, deadline_minutes:
             watched = client.containers.get(container)
             compiled = [m.name for m in packs.compiled_in_container(watched)]
             others = runtime_jit.compiled_in_container(watched)
-        except APIError:  # removed (404) or being removed (409): nothing left to inspect
+        except docker.errors.APIError:  # removed (404) or being removed (409): nothing left
             pass
         result["flashinfer_compiled_at_start"] = compiled
         result["other_jit_compiled_at_start"] = others.to_json() if others else None
@@ -327,7 +327,7 @@ def launched_with(container_name: str, params: tuple) -> tuple[str | None, str |
     (None, None, params) with a warning when it has none (started some other way)."""
     try:
         container = docker_client.connect().containers.get(container_name)
-    except NotFound:
+    except docker.errors.NotFound:
         raise BuilderError(f"--container {container_name}: no such container") from None
     profile, merged = launch.launched_with(container.labels or {}, params)
     if not profile or not image_recipe.built_by_builder(container.image):
