@@ -85,7 +85,7 @@ def _distributions() -> set[str]:
 @pytest.fixture(scope="session")
 def flashinfer_wheel(flashinfer_upstream: tuple[str, str]) -> dict:
     """flashinfer 0.7.2's fork wheel, built once per run by `builder wheels` in a cache of
-    its own (minutes of setuptools on 2 cores): its record, that cache (for `seed_wheel`)
+    its own (minutes of setuptools on 2 cores): its record, that cache (`seed_from_the_run`)
     and whether the build left builder's environment as it found it."""
     mirror, commit = flashinfer_upstream
 
@@ -104,11 +104,12 @@ def flashinfer_wheel(flashinfer_upstream: tuple[str, str]) -> dict:
     return once_per_run("flashinfer-0.7.2-wheel", build)
 
 
-def seed_wheel(builder: Builder, made: dict) -> None:
-    """The run's flashinfer 0.7.2 wheel in `builder`'s cache. The cache is keyed by every
-    input of the build (fork commit and tree, settings, backend, builder's code): a builder
-    on the same fork takes it as its own, one on another fork never does."""
-    seed_cache(builder, Path(made["cache"]), folders=("wheels",))
+def seed_from_the_run(builder: Builder, made: dict, *folders: str) -> None:
+    """The run's flashinfer 0.7.2 mirror (its fetch: 25-40 s of packing on 2 cores) and/or
+    wheel in `builder`'s cache, for tests whose subject is neither. The wheel cache is keyed
+    by every input of the build (fork commit and tree, settings, backend, builder's code): a
+    builder on the same fork takes it as its own, one on another fork never does."""
+    seed_cache(builder, Path(made["cache"]), folders=folders)
 
 
 def _profiles(target: str = TARGET) -> list[str]:
@@ -278,17 +279,18 @@ def test_both_wheels_build_and_the_committed_lock_satisfies_them(
     with the pin's backend settings (no expert-parallel extras, nothing pip-installed into
     builder's environment); `builder lock --check` finds images/sm120/runtime-lock.txt
     current for exactly these wheels, before any wheel is built (read from the sources) and
-    after. The flashinfer build is the run's one (`flashinfer_wheel`): this builder finds
-    it under its own key."""
+    after. The flashinfer mirror and build are the run's ones (`flashinfer_wheel`): this
+    builder finds them under its own keys."""
     mirror, commit = flashinfer_upstream
     builder = _builder(tmp_path, release_index)
     pin = builder.data_dir / "forks/flashinfer/pin.toml"
     pin.write_text(pin.read_text().replace(FLASHINFER_PIN["commit"], commit))
+    seed_from_the_run(builder, flashinfer_wheel, "mirrors")
     # A lock reads what each wheel will require from its sources: no wheel is built for it.
     checked = builder.run("lock", "--check", "--mirror", mirror, check=False)
     assert checked.returncode == 0, checked.stderr
     assert not list((builder.cache_dir / "wheels").glob("*/wheel.json"))
-    seed_wheel(builder, flashinfer_wheel)
+    seed_from_the_run(builder, flashinfer_wheel, "wheels")
     result = json.loads(builder.run("wheels", "--mirror", mirror, "--json").stdout)
     flashinfer = result["upstreams"]["flashinfer"]["wheel"]
     assert flashinfer["cached"] and flashinfer["sha256"] == flashinfer_wheel["wheel"]["sha256"]
@@ -398,7 +400,7 @@ def test_the_current_stack_builds_into_an_image(
     target's 12.0f and checked to load from the kernel wheel. The runtime stage installs
     tests/data/current-stack-runtime-lock.txt (PyPI's torch 2.9.1: flashinfer 0.7.2 needs
     torch >= 2.7, newer than the test base's); the target's own lock is checked against
-    these wheels by the test above. The flashinfer wheel is the run's one
+    these wheels by the test above. The flashinfer mirror and wheel are the run's ones
     (`flashinfer_wheel`)."""
     import pygit2
 
@@ -430,7 +432,7 @@ def test_the_current_stack_builds_into_an_image(
         flashinfer_pin.write_text(
             flashinfer_pin.read_text().replace(FLASHINFER_PIN["commit"], flashinfer_commit)
         )
-        seed_wheel(builder, flashinfer_wheel)
+        seed_from_the_run(builder, flashinfer_wheel, "mirrors", "wheels")
         index_url, _ = runtime_index
         args = image_args(
             test_base, (index_url, CURRENT_STACK_RUNTIME_LOCK), "--json", "--jit-modules", PCIE_IPC

@@ -14,7 +14,7 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from tests.conftest import Builder, Upstreams, make_data_dir
+from tests.conftest import Builder, Upstreams, make_data_dir, seed_cache
 
 
 @pytest.fixture(scope="module")
@@ -90,25 +90,11 @@ def test_second_run_is_a_cache_hit(first: tuple[Builder, dict]) -> None:
     assert [w.stat().st_mtime_ns for w in wheels] == mtimes
 
 
-def test_two_clean_builds_are_byte_identical(
-    first: tuple[Builder, dict], tmp_path: Path, github: Upstreams
-) -> None:
-    _, result = first
-    fresh = Builder(
-        make_data_dir(tmp_path / "data", github), tmp_path / "cache", github.mirror, tmp_path / "wh"
-    )
-    second = json.loads(fresh.run("wheels", "--json").stdout)
-    for name in ("sglang", "flashinfer"):
-        one, two = result["upstreams"][name], second["upstreams"][name]
-        assert two["fork_commit"] == one["fork_commit"]
-        assert two["wheel"]["cached"] is False
-        assert two["wheel"]["sha256"] == one["wheel"]["sha256"]
-
-
 def test_wheel_bytes_do_not_depend_on_the_git_cli(
     first: tuple[Builder, dict], tmp_path: Path, github: Upstreams
 ) -> None:
-    """`first` ran with git on PATH; this build has none. Both build from an export with no
+    """A second clean build (nothing cached) gives the same bytes, and without the git CLI:
+    `first` ran with git on PATH, this build has none. Both build from an export with no
     .git, with the fork commit and the tracked file list written in from pin.toml."""
     _, result = first
     assert shutil.which("git"), "the first build should have had the git CLI"
@@ -120,10 +106,10 @@ def test_wheel_bytes_do_not_depend_on_the_git_cli(
     )
     second = json.loads(fresh.run("wheels", "--json", env={"PATH": str(no_git)}).stdout)
     for name in ("sglang", "flashinfer"):
-        assert (
-            second["upstreams"][name]["wheel"]["sha256"]
-            == result["upstreams"][name]["wheel"]["sha256"]
-        )
+        one, two = result["upstreams"][name], second["upstreams"][name]
+        assert two["fork_commit"] == one["fork_commit"]
+        assert two["wheel"]["cached"] is False
+        assert two["wheel"]["sha256"] == one["wheel"]["sha256"]
     flashinfer = second["upstreams"]["flashinfer"]
     build_meta = _read(Path(flashinfer["wheel"]["path"]), "flashinfer/_build_meta.py")
     assert f'__git_version__ = "{flashinfer["fork_commit"]}"' in build_meta  # not "unknown"
@@ -150,7 +136,10 @@ def test_submodules_are_checked_out_at_their_gitlinks(builder: Builder) -> None:
     assert str(pygit2.Repository(str(path)).head.target) == subs["3rdparty/cutlass"]["commit"]
 
 
-def test_kill_during_wheel_build_leaves_nothing_half_done(builder: Builder) -> None:
+def test_kill_during_wheel_build_leaves_nothing_half_done(
+    builder: Builder, first: tuple[Builder, dict]
+) -> None:
+    seed_cache(builder, first[0].cache_dir, folders=("mirrors",))  # the fetch is not the subject
     builder.run("patch")  # sources and patches in place; the kill lands in the wheel build
     process = subprocess.Popen(
         builder.command("wheels"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
