@@ -218,6 +218,22 @@ def builder(tmp_path: Path, data_dir: Path, github: Upstreams) -> Builder:
     return Builder(data_dir, tmp_path / "cache", github.mirror, tmp_path / "wheelhouse")
 
 
+@pytest.fixture(scope="session")
+def fork_wheels(github: Upstreams) -> Path:
+    """A cache holding the suite's fork wheels (sglang 0.5.9, flashinfer 0.6.3) and the
+    mirrors they came from, fetched and built by `builder wheels` once per run, for both
+    workers: what a test whose subject is neither the fetch nor the wheel build seeds its
+    own cache from (`seed_cache`). The tests of those build from an empty cache."""
+    from tests.services import once_per_run
+
+    def build(root: Path) -> dict:
+        builder = builder_in(root, github)
+        builder.run("wheels")
+        return {"cache": str(builder.cache_dir)}
+
+    return Path(once_per_run("fork-wheels", build)["cache"])
+
+
 # --- real services ---------------------------------------------------------------------------
 
 REGISTRY_USER = "builder"
@@ -312,13 +328,14 @@ def image_args(test_base: str, runtime_index: tuple[str, Path], *extra: str) -> 
 
 
 @pytest.fixture(scope="session")
-def built_image(github: Upstreams, docker_host, test_base, runtime_index_served):
+def built_image(github: Upstreams, docker_host, test_base, runtime_index_served, fork_wheels):
     """One built test image for every module that reads it, in either worker: (builder,
-    image record, manifest)."""
+    image record, manifest). Its sources and wheels are the run's (`fork_wheels`)."""
     from tests.services import once_per_run
 
     def build(root: Path) -> dict:
         builder = builder_in(root, github, docker_host)
+        seed_cache(builder, fork_wheels)
         args = image_args(
             test_base, runtime_index_served, "--json", "--save-context", str(root / "context")
         )

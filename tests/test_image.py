@@ -33,6 +33,7 @@ from tests.conftest import (  # noqa: F401 (image_args and WARM_MODULES: importe
     image_args,
     repository_containers,
     repository_tags,
+    seed_cache,
     validate_manifest,
 )
 from tests.services import IMAGE_RUNTIME_LOCK, IMAGE_RUNTIME_REQUIREMENTS
@@ -334,9 +335,12 @@ def test_a_daemon_that_does_not_answer_is_named_with_its_cause(builder: Builder)
         assert f"error: cannot reach the Docker daemon at {where}: {cause}" in result.stderr
 
 
-def test_plan_without_a_daemon_says_what_is_known_from_this_machine(builder: Builder) -> None:
+def test_plan_without_a_daemon_says_what_is_known_from_this_machine(
+    builder: Builder, fork_wheels: Path
+) -> None:
     """The wheels, the runtime lock (checked current) and the kernel list need no daemon;
     the tag (it hashes the base image's id) and what is cached do, and it says so."""
+    seed_cache(builder, fork_wheels)  # the wheels are the run's
     result = builder.run(
         "image", "--plan", "--json", env={"DOCKER_HOST": "unix:///nonexistent.sock"}
     )  # fmt: skip

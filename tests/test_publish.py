@@ -10,18 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Builder, Upstreams, make_data_dir, validate_manifest
+from tests.conftest import Builder, Upstreams, make_data_dir, seed_cache, validate_manifest
 from tests.services import start_pypiserver
 
 USER, PASSWORD = "uploader", "index-s3cret-Token"
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, github: Upstreams) -> tuple[Builder, dict]:
+def built(tmp_path_factory, github: Upstreams, fork_wheels: Path) -> tuple[Builder, dict]:
     root = tmp_path_factory.mktemp("publish")
     builder = Builder(
         make_data_dir(root / "data", github), root / "cache", github.mirror, root / "wheelhouse"
     )
+    seed_cache(builder, fork_wheels)  # publishing is the subject, not the build
     wheels = json.loads(builder.run("wheels", "--json").stdout)["upstreams"]
     return builder, {name: u["wheel"] for name, u in wheels.items()}
 
