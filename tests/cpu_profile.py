@@ -6,7 +6,9 @@
 One line per test (setup, call and teardown together): wall seconds, the CPU of the worker
 itself and of the processes it waited for (builder runs, build backends, nvcc in a build),
 and the CPU every dockerd on the host spent meanwhile (pushes, layer commits; shared by both
-workers, so it is an upper bound for either). What runs in containers is not counted.
+workers, so it is an upper bound for either). What runs in containers is not counted per
+test; the machine's own busy time (/proc/stat, containers included) is, for the whole run:
+its total against what the cores could have given says whether the run is short of CPU.
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ def _dockerd_seconds() -> float:
     return total / _TICKS
 
 
+def _machine_busy() -> float:
+    """CPU-seconds every core of the machine has spent not idle since boot."""
+    jiffies = [int(field) for field in Path("/proc/stat").read_text().split()[1:9]]
+    idle_and_iowait = jiffies[3] + jiffies[4]
+    return (sum(jiffies) - idle_and_iowait) / _TICKS
+
+
 def _cpu() -> tuple[float, float]:
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -51,7 +60,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
         yield
         return
     began, start = time.time(), time.monotonic()
-    (own, children), dockerd = _cpu(), _dockerd_seconds()
+    (own, children), dockerd, machine = _cpu(), _dockerd_seconds(), _machine_busy()
     yield
     own_after, children_after = _cpu()
     line = {
@@ -62,6 +71,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
         "self": round(own_after - own, 2),
         "children": round(children_after - children, 2),
         "dockerd": round(_dockerd_seconds() - dockerd, 2),
+        "machine_busy": [round(machine, 2), round(_machine_busy(), 2)],
     }
     with open(out, "a") as handle:  # one short write per line: lines of two workers never mix
         handle.write(json.dumps(line) + "\n")
@@ -88,6 +98,14 @@ def summarize(path: Path, top: int = 25) -> str:
     for row in rows:
         by_worker[row["worker"]] += row["wall"]
     lines.append("\nper worker, wall: " + ", ".join(f"{w} {s:.0f} s" for w, s in by_worker.items()))
+    if all("machine_busy" in row for row in rows):
+        wall = max(r["start"] + r["wall"] for r in rows) - min(r["start"] for r in rows)
+        busy = max(r["machine_busy"][1] for r in rows) - min(r["machine_busy"][0] for r in rows)
+        cores = os.cpu_count() or 1
+        lines.append(
+            f"the machine: {busy / 60:.1f} CPU-minutes busy in {wall / 60:.1f} minutes of "
+            f"tests on {cores} cores ({100 * busy / (wall * cores):.0f} %)"
+        )
     return "\n".join(lines)
 
 

@@ -165,10 +165,12 @@ def test_first_build_compiles_each_module_once_and_shares_it(host_a, registry) -
 
 
 def test_a_fresh_host_takes_every_kernel_from_the_registry(
-    host_a, tmp_path_factory, github: Upstreams, runtime_index, docker_client
+    host_a, tmp_path_factory, github: Upstreams, runtime_index, docker_client, fork_wheels
 ) -> None:
     """Host B: its own Docker engine (fresh data root) and cache, the same data. Its image
-    is a second, independent build from the same runtime lock: the same packages."""
+    is a second, independent build from the same runtime lock: the same packages. Its cache
+    starts with the run's fork wheels and mirrors only (that they build the same bytes on
+    any host is test_wheels_real_upstream's): no kernel, no image layer."""
     _, first, shared, _ = host_a
     engine = start_dockerd(tmp_path_factory.mktemp("host-b-engine"), second=True)
     try:
@@ -177,6 +179,7 @@ def test_a_fresh_host_takes_every_kernel_from_the_registry(
         client_b = docker.DockerClient(base_url=engine.host, timeout=900)
         base_b = build_test_base(client_b, tmp_path_factory.mktemp("host-b-base"))
         builder = host(tmp_path_factory.mktemp("host-b"), github, engine.host)
+        seed_cache(builder, fork_wheels)
         since = fresh_second()
         result = builder.run(
             *kernel_args(base_b, runtime_index, "--kernel-registry", shared), env=REGISTRY_ENV
