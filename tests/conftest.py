@@ -2,7 +2,8 @@
 
 The pins in the copy point at the fixture commits through the documented mechanism
 (`--data-dir` with edited pin.toml files), and every URL reaches the fixture through
-`--mirror https://github.com/=file://<root>/`, exactly what an air-gapped site does.
+`--mirror https://github.com/=git://127.0.0.1:PORT/` (a real git daemon on loopback),
+exactly what an air-gapped site does.
 """
 
 from __future__ import annotations
@@ -51,10 +52,11 @@ FORK_DIRS = {"sglang": "sglang-0.5.9", "flashinfer": "flashinfer-0.6.3"}
 class Upstreams:
     root: Path
     commits: dict[str, str]
+    served: str = ""  # git://127.0.0.1:PORT/ of a git daemon serving `root`; "": file://
 
     @property
     def mirror(self) -> str:
-        return f"https://github.com/=file://{self.root}/"
+        return f"https://github.com/={self.served or f'file://{self.root}/'}"
 
 
 # `scripts/test` runs two pytest workers (`-n 2 --dist loadgroup`), and both use one Docker
@@ -113,9 +115,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def github(tmp_path_factory: pytest.TempPathFactory) -> Upstreams:
-    root = tmp_path_factory.mktemp("github")
-    return Upstreams(root, upstreams.build_all(root))
+def github() -> Upstreams:
+    """The fixture upstreams (sglang 0.5.9, flashinfer 0.6.3 with its submodules), served by
+    one git daemon for the run (both workers only read them)."""
+    from tests.services import once_per_run, start_git_daemon
+
+    def make(root: Path) -> dict:
+        commits = upstreams.build_all(root)
+        process, served = start_git_daemon(root)
+        return {"root": str(root), "commits": commits, "served": served, "pids": [process.pid]}
+
+    made = once_per_run("github", make)
+    return Upstreams(Path(made["root"]), made["commits"], made["served"])
 
 
 def set_pin(data_dir: Path, fork: str, **fields: str) -> None:

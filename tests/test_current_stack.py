@@ -26,7 +26,13 @@ from builder.target import load_target
 from builder.wheelfiles import write_wheel
 from tests import sglang_flags
 from tests.conftest import REPO_ROOT, Builder, seed_cache
-from tests.services import CURRENT_STACK_RUNTIME_LOCK, TEST_PYTHON, once_per_run, start_pypiserver
+from tests.services import (
+    CURRENT_STACK_RUNTIME_LOCK,
+    TEST_PYTHON,
+    once_per_run,
+    start_git_daemon,
+    start_pypiserver,
+)
 from tests.upstreams import (
     FLASHINFER_CURRENT,
     build_repository,
@@ -67,13 +73,17 @@ def release_index(sglang_release: Path, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def flashinfer_upstream() -> tuple[str, str]:
-    """flashinfer 0.7.2 as a git repository with its submodules, from the sdist: (mirror,
-    commit of the v0.7.2 tag). Made once for both workers: builder only reads it."""
-    made = once_per_run(
-        "flashinfer-0.7.2-upstream",
-        lambda root: {"root": str(root), "commit": build_repository(FLASHINFER_CURRENT, root)},
-    )
-    return f"https://github.com/=file://{made['root']}/", made["commit"]
+    """flashinfer 0.7.2 as a git repository with its submodules, from the sdist, served by a
+    git daemon: (mirror, commit of the v0.7.2 tag). Made once for both workers: builder only
+    reads it."""
+
+    def make(root: Path) -> dict:
+        commit = build_repository(FLASHINFER_CURRENT, root)
+        process, served = start_git_daemon(root)
+        return {"served": served, "commit": commit, "pids": [process.pid]}
+
+    made = once_per_run("flashinfer-0.7.2-upstream", make)
+    return f"https://github.com/={made['served']}", made["commit"]
 
 
 def _distributions() -> set[str]:

@@ -5,9 +5,7 @@ a commit by its id still works. Real git daemon on loopback, the fixture's real 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,29 +14,9 @@ import pygit2
 import pytest
 
 from tests.conftest import REPO_ROOT, Builder, Upstreams
-from tests.services import free_port, wait_for
+from tests.services import start_git_daemon
 
 pytestmark = pytest.mark.skipif(not shutil.which("git"), reason="git not installed")
-
-
-def _daemon(root: Path, allow_any_sha: bool):
-    port = free_port()
-    env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1"}
-    if allow_any_sha:  # as GitHub serves a submodule's commit to `--shallow-submodules`
-        env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="uploadpack.allowAnySHA1InWant",
-                   GIT_CONFIG_VALUE_0="true")  # fmt: skip
-    process = subprocess.Popen(
-        ["git", "daemon", "--reuseaddr", "--export-all", f"--base-path={root}",
-         "--listen=127.0.0.1", f"--port={port}", str(root)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-
-    def listening() -> bool:
-        with socket.socket() as probe:
-            return probe.connect_ex(("127.0.0.1", port)) == 0
-
-    wait_for(listening, 10, "git daemon")
-    return process, f"git://127.0.0.1:{port}/"
 
 
 def _sources(builder: Builder, served: str) -> dict:
@@ -50,7 +28,7 @@ def _sources(builder: Builder, served: str) -> dict:
 def test_submodules_come_at_their_pinned_commit_alone_where_the_server_allows(
     builder: Builder, github: Upstreams, allow_any_sha: bool
 ) -> None:
-    process, served = _daemon(github.root, allow_any_sha)
+    process, served = start_git_daemon(github.root, allow_any_sha=allow_any_sha)
     try:
         checked_out = _sources(builder, served)["upstreams"]["flashinfer"]
     finally:

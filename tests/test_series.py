@@ -17,6 +17,7 @@ import pygit2
 import pytest
 
 from tests.conftest import REPO_ROOT, Builder, Upstreams, set_pin
+from tests.services import start_git_daemon
 from tests.upstreams import FLASHINFER, SGLANG, build_history
 
 SERIES = "forks/flashinfer-0.6.3/patches/sm120"
@@ -27,7 +28,11 @@ def history(tmp_path_factory) -> tuple[Upstreams, dict[str, str]]:
     root = tmp_path_factory.mktemp("github-history")
     commits = build_history(FLASHINFER, ["0.6.3", "0.6.16", "0.6.17"], root)
     sglang = build_history(SGLANG, ["0.5.9"], root)
-    return Upstreams(root, {"flashinfer": commits["0.6.3"], "sglang": sglang["0.5.9"]}), commits
+    process, served = start_git_daemon(root)
+    pins = {"flashinfer": commits["0.6.3"], "sglang": sglang["0.5.9"]}
+    yield Upstreams(root, pins, served), commits
+    process.terminate()
+    process.wait()
 
 
 @pytest.fixture

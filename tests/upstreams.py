@@ -14,6 +14,7 @@ Run as a script to build the repositories once by hand (e.g. to write patches):
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -147,10 +148,13 @@ def _commit_tree(
 
 
 def _publish_bare(work: Path, bare: Path) -> None:
+    """`work` as the bare repository `bare`, packed: git daemon then sends the pack as it is
+    (tests/services.py `start_git_daemon`)."""
     if bare.exists():
         shutil.rmtree(bare)
     bare.parent.mkdir(parents=True, exist_ok=True)
     _git("clone", "-q", "--bare", str(work), str(bare), cwd=work.parent)
+    _git("repack", "-a", "-d", "-q", cwd=bare)
 
 
 def _extract(snapshot: Snapshot, version: str, destination: Path) -> Path:
@@ -185,7 +189,40 @@ def _replace_tree(work: Path, tree: Path) -> None:
 
 def build_history(snapshot: Snapshot, versions: list[str], root: Path) -> dict[str, str]:
     """`<root>/<owner>/<name>.git` with one commit per version on one branch, each tagged
-    v<version>; submodules get one commit per version too. Returns {version: commit}."""
+    v<version>; submodules get one commit per version too. Returns {version: commit}.
+
+    Made once per machine and kept beside the sdists (the commits are the same on every
+    machine: fixed identity and dates), keyed by the snapshot, the versions and this file;
+    each caller gets hard links to them (git writes no file of a repository in place)."""
+    recipe = hashlib.sha256(repr((snapshot, versions)).encode() + Path(__file__).read_bytes())
+    made = SDIST_CACHE / "repositories" / f"{snapshot.name}-{recipe.hexdigest()[:12]}"
+    if not (made / _COMMITS).is_file():
+        made.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{made.name}-", dir=made.parent))
+        commits = _build_history(snapshot, versions, staging)
+        (staging / _COMMITS).write_text(json.dumps(commits))
+        try:
+            staging.rename(made)
+        except OSError:  # another worker made it first: the same commits
+            shutil.rmtree(staging)
+    shutil.copytree(made, root, copy_function=_link_or_copy, dirs_exist_ok=True,
+                    ignore=lambda folder, names: [_COMMITS] if Path(folder) == made else [])  # fmt: skip
+    return json.loads((made / _COMMITS).read_text())
+
+
+_COMMITS = "commits.json"
+
+
+def _link_or_copy(source: str, destination: str) -> None:
+    try:
+        os.link(source, destination)
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+        shutil.copy2(source, destination)
+
+
+def _build_history(snapshot: Snapshot, versions: list[str], root: Path) -> dict[str, str]:
     commits: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix=f"fixture-{snapshot.name}-") as tmp:
         tmp_path = Path(tmp)
