@@ -293,7 +293,7 @@ def _nvcc_version() -> str:
 
 # The suffix changes whenever the recipe below does, so no engine keeps a stale base.
 DEBIAN_SUITE = "trixie"  # Python 3.13, torch 2.6.0 (python3-torch)
-TEST_BASE = f"builder-test-base:{DEBIAN_SUITE}-torch-cuda{_nvcc_version()}-2"
+TEST_BASE = f"builder-test-base:{DEBIAN_SUITE}-torch-cuda{_nvcc_version()}-3"
 
 
 def _pip_download(requirements: list[str], destination: Path, *options: str) -> None:
@@ -341,13 +341,19 @@ def runtime_wheelhouses() -> list[Path]:
 # libtorch-dev has the unversioned libc10.so name torch-c-dlpack-ext's addon links to.
 BASE_PACKAGES = "python3,python3-venv,python3-dev,g++,ca-certificates,python3-torch,libtorch-dev"
 # What no test runs, dropped from the root filesystem: every MB of the base is gzipped by the
-# first push, imported by the second engine and sent with every saved context (240 MB: docs,
-# apt's lists, torch's and gcc's test and debug tools, static libpython, sanitizer runtimes).
+# first push, imported by the second engine and sent with every saved context (520 MB: docs,
+# apt's lists, torch's and gcc's test and debug tools, static libpython, sanitizer runtimes,
+# the Python packages' own tests, and ROCm with its LLVM: only UCX's ROCm plugins, which
+# UCX loads when present, link them).
 BASE_PRUNE = (
     "usr/share/doc", "usr/share/man", "usr/share/locale", "var/cache/apt/archives",
     "var/lib/apt/lists", "usr/lib/libtorch-test", "usr/lib/python3/dist-packages/torch/bin/test_*",
     "usr/bin/x86_64-linux-gnu-lto-dump-*", "usr/lib/python3.*/config-*/libpython3.*.a",
     "usr/lib/x86_64-linux-gnu/lib[ahlt]san.so*", "usr/lib/x86_64-linux-gnu/libubsan.so*",
+    "usr/lib/python3/dist-packages/*/**/tests", "usr/lib/x86_64-linux-gnu/ucx/*rocm*",
+    "usr/lib/x86_64-linux-gnu/libamdhip64.so*", "usr/lib/x86_64-linux-gnu/libamd_comgr.so*",
+    "usr/lib/x86_64-linux-gnu/libhsa-runtime64.so*", "usr/lib/x86_64-linux-gnu/libhsakmt.so*",
+    "usr/lib/x86_64-linux-gnu/libLLVM*.so*",
 )  # fmt: skip
 
 
@@ -365,7 +371,9 @@ def _debootstrap(destination: Path) -> Path:
         check=True, capture_output=True,
     )  # fmt: skip
     for pattern in BASE_PRUNE:
-        for junk in staging.glob(pattern):
+        for junk in list(staging.glob(pattern)):
+            if not junk.exists() and not junk.is_symlink():  # inside one removed before
+                continue
             if junk.is_dir() and not junk.is_symlink():
                 shutil.rmtree(junk)
             else:
@@ -406,14 +414,20 @@ def assemble_cuda_toolkit(destination: Path) -> Path:
     return destination
 
 
-def _base_archive(workdir: Path) -> dict:
-    """The test base's root filesystem as one tar (`docker import`'s input)."""
+def _base_archive(workdir: Path) -> Path:
+    """The test base's root filesystem as one tar (`docker import`'s input), made once per
+    machine and kept beside the root filesystem it is made from, keyed by the base's tag,
+    that root filesystem, the CUDA toolkit's pins and this host's CA bundle."""
     rootfs = _debootstrap(workdir)
+    ca_bundle = Path("/etc/ssl/certs/ca-certificates.crt")
+    key = hashlib.sha256(
+        f"{TEST_BASE} {rootfs.name}".encode() + CUDA_TOOLKIT.read_bytes() + ca_bundle.read_bytes()
+    ).hexdigest()[:12]
+    archive = CACHE / f"test-base-{key}.tar"
+    if archive.exists():
+        return archive
     cuda = assemble_cuda_toolkit(workdir / "cuda")
-    additions = {
-        "usr/local/cuda": cuda,
-        "etc/ssl/certs/ca-certificates.crt": Path("/etc/ssl/certs/ca-certificates.crt"),
-    }
+    additions = {"usr/local/cuda": cuda, "etc/ssl/certs/ca-certificates.crt": ca_bundle}
     image_tar = workdir / "base.tar"
     with tarfile.open(rootfs) as source, tarfile.open(image_tar, "w") as tar:
         for member in source:
@@ -424,14 +438,19 @@ def _base_archive(workdir: Path) -> dict:
         for arcname, path in additions.items():
             tar.add(path, arcname=arcname)
     shutil.rmtree(cuda)
-    return {"path": str(image_tar)}
+    for stale in CACHE.glob("test-base-*.tar"):
+        stale.unlink()
+    partial = archive.with_name(f".{archive.name}-{os.getpid()}")
+    shutil.move(image_tar, partial)
+    partial.replace(archive)
+    return archive
 
 
 def build_test_base(client, workdir: Path) -> str:
     """Debian + Python + g++ + Debian's CPU torch + a CUDA 13 toolkit from NVIDIA's PyPI
     wheels: enough for a real `docker build` to compile FlashInfer modules for sm_120a. Nothing from this host
-    but its CA bundle (it trusts the TLS-re-signing proxy in front of PyPI). In a test run
-    the archive is made once: a second engine imports the same one."""
+    but its CA bundle (it trusts the TLS-re-signing proxy in front of PyPI). The archive is
+    made once per machine (`_base_archive`): a second engine imports the same one."""
     from docker.errors import ImageNotFound
 
     try:
@@ -439,14 +458,14 @@ def build_test_base(client, workdir: Path) -> str:
         return TEST_BASE
     except ImageNotFound:
         pass
-    in_a_run = SHARED_DIR_ENV in os.environ
-    if in_a_run:  # kept for the second engine's import, deleted at the run's end
+    if SHARED_DIR_ENV in os.environ:  # one maker at a time: the second engine imports it too
         made = once_per_run(
-            "test-base-archive", lambda folder: _base_archive(folder) | {"remove": [str(folder)]}
+            "test-base-archive",
+            lambda folder: {"path": str(_base_archive(folder)), "remove": [str(folder)]},
         )
+        image_tar = Path(made["path"])
     else:
-        made = _base_archive(workdir)
-    image_tar = Path(made["path"])
+        image_tar = _base_archive(workdir)
     with image_tar.open("rb") as handle:
         client.api.import_image_from_data(
             handle,
@@ -460,6 +479,4 @@ def build_test_base(client, workdir: Path) -> str:
                 "ENV LD_LIBRARY_PATH=/usr/local/cuda/lib",
             ],
         )
-    if not in_a_run:
-        image_tar.unlink()
     return TEST_BASE
