@@ -213,15 +213,22 @@ def _builder(root: Path, mirror: str) -> Builder:
     )
 
 
+@pytest.fixture(scope="module")
+def sglang_built(release_index: str, tmp_path_factory) -> tuple[Builder, dict]:
+    """`builder wheels --upstream sglang` from an empty cache: the builder and its record
+    (made once for the module: the repack test's subject, the whole-target test's seed)."""
+    builder = _builder(tmp_path_factory.mktemp("sglang-built"), release_index)
+    result = builder.run("wheels", "--upstream", "sglang", "--json")
+    return builder, json.loads(result.stdout)["upstreams"]["sglang"]
+
+
 def test_the_sglang_wheel_is_the_release_repacked_with_the_series(
-    tmp_path: Path, release_index: str, sglang_release: Path
+    tmp_path: Path, release_index: str, sglang_release: Path, sglang_built
 ) -> None:
     """From the index to the fork wheel: the pinned file becomes the pinned commit, the series
     applies on it, and the wheel is the release's bytes but for the patched files and the
     version; a second build from an empty cache gives the same bytes."""
-    builder = _builder(tmp_path / "a", release_index)
-    result = builder.run("wheels", "--upstream", "sglang", "--json")
-    sglang = json.loads(result.stdout)["upstreams"]["sglang"]
+    _, sglang = sglang_built
     assert sglang["upstream_commit"] == PIN["commit"]
     assert len(sglang["patches"]) == len(list((REPO_ROOT / "forks/sglang/patches/sm120").glob("*.patch")))
     wheel = Path(sglang["wheel"]["path"])
@@ -283,24 +290,31 @@ def test_a_release_that_is_not_the_pinned_one_is_refused_and_nothing_is_left(
 
 
 def test_both_wheels_build_and_the_committed_lock_satisfies_them(
-    tmp_path: Path, release_index: str, flashinfer_upstream: tuple[str, str], flashinfer_wheel
+    tmp_path: Path,
+    release_index: str,
+    flashinfer_upstream: tuple[str, str],
+    flashinfer_wheel,
+    sglang_built,
 ) -> None:
     """The whole target's wheels: sglang from its release, flashinfer 0.7.2 built from git
     with the pin's backend settings (no expert-parallel extras, nothing pip-installed into
     builder's environment); `builder lock --check` finds images/sm120/runtime-lock.txt
     current for exactly these wheels, before any wheel is built (read from the sources) and
-    after. The flashinfer mirror and build are the run's ones (`flashinfer_wheel`): this
-    builder finds them under its own keys."""
+    after. The flashinfer mirror and build are the run's ones (`flashinfer_wheel`), the
+    sglang release and wheel the module's (`sglang_built`): this builder finds them under
+    its own keys."""
     mirror, commit = flashinfer_upstream
     builder = _builder(tmp_path, release_index)
     pin = builder.data_dir / "forks/flashinfer/pin.toml"
     pin.write_text(pin.read_text().replace(FLASHINFER_PIN["commit"], commit))
     seed_from_the_run(builder, flashinfer_wheel, "mirrors")
+    seed_cache(builder, sglang_built[0].cache_dir, folders=("releases", "mirrors"))
     # A lock reads what each wheel will require from its sources: no wheel is built for it.
     checked = builder.run("lock", "--check", "--mirror", mirror, check=False)
     assert checked.returncode == 0, checked.stderr
     assert not list((builder.cache_dir / "wheels").glob("*/wheel.json"))
     seed_from_the_run(builder, flashinfer_wheel, "wheels")
+    seed_cache(builder, sglang_built[0].cache_dir, folders=("wheels",))
     result = json.loads(builder.run("wheels", "--mirror", mirror, "--json").stdout)
     flashinfer = result["upstreams"]["flashinfer"]["wheel"]
     assert flashinfer["cached"] and flashinfer["sha256"] == flashinfer_wheel["wheel"]["sha256"]

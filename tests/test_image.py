@@ -82,7 +82,7 @@ def test_image_holds_patched_wheels_and_warm_kernels(built, docker_client) -> No
 
     inventory = image["jit_inventory"]
     assert inventory["arch_list"] == ["12.0a"]
-    assert {m["name"] for m in inventory["modules"]} == {"norm", "fp4_quantization_120"}
+    assert {m["name"] for m in inventory["modules"]} == {"gelu_tanh_and_mul", "fp4_quantization_120"}
     assert all(m["arch"] == ["sm_120a"] and m["size"] > 100_000 for m in inventory["modules"])
     assert all(len(m["key"]) == 64 for m in inventory["modules"])
     assert {m["source"] for m in image["kernel_build"]["modules"]} == {"compiled"}
@@ -96,10 +96,9 @@ def test_container_loads_every_module_from_the_kernel_wheel_without_compiling(
     # ninja on the PATH: a module not taken from the kernel wheel would raise.
     script = (
         "import flashinfer\n"
-        "from flashinfer.jit.norm import gen_norm_module\n"
+        "from flashinfer.jit.activation import gen_act_and_mul_module\n"
         "from flashinfer.jit.fp4_quantization import gen_fp4_quantization_sm120_module\n"
-        "for gen in (gen_norm_module, gen_fp4_quantization_sm120_module):\n"
-        "    spec = gen()\n"
+        "for spec in (gen_act_and_mul_module(\"gelu_tanh\"), gen_fp4_quantization_sm120_module()):\n"
         "    spec.build_and_load()\n"
         "    print(spec.name, spec.aot_path, spec.jit_library_path.exists())\n"
     )
@@ -112,7 +111,7 @@ def test_container_loads_every_module_from_the_kernel_wheel_without_compiling(
     loaded = {
         name: (path, built_here) for name, path, built_here in map(str.split, output.splitlines())
     }
-    assert set(loaded) == {"norm", "fp4_quantization_120"}
+    assert set(loaded) == {"gelu_tanh_and_mul", "fp4_quantization_120"}
     for name, (path, built_here) in loaded.items():
         assert path.endswith(f"/site-packages/flashinfer_jit_cache/jit_cache/{name}/{name}.so")
         assert built_here == "False", "nothing in FlashInfer's JIT workspace"

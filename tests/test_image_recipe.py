@@ -194,7 +194,7 @@ def _tampered_copy(docker_client, reference: str) -> str:
     locked package removed."""
     script = (
         "set -e; site=$(python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])'); "
-        "printf 'not a kernel' > $site/flashinfer_jit_cache/jit_cache/norm/norm.so; "
+        "printf 'not a kernel' > $site/flashinfer_jit_cache/jit_cache/gelu_tanh_and_mul/gelu_tanh_and_mul.so; "
         "echo '# edited on the VM' >> $site/flashinfer/jit/comm.py; "
         "python -m pip uninstall -q -y tabulate"
     )
@@ -221,8 +221,8 @@ def test_verify_names_the_culprits_in_a_tampered_copy(
         failed = {name for name, c in checks.items() if not c["ok"]}
         assert failed == {"wheel flashinfer", "wheel kernels", "kernels load", "sbom", "pip check"}
         assert "flashinfer/jit/comm.py" in checks["wheel flashinfer"]["detail"]
-        assert "jit_cache/norm/norm.so" in checks["wheel kernels"]["detail"]
-        assert "norm.so" in checks["kernels load"]["detail"]
+        assert "jit_cache/gelu_tanh_and_mul/gelu_tanh_and_mul.so" in checks["wheel kernels"]["detail"]
+        assert "gelu_tanh_and_mul.so" in checks["kernels load"]["detail"]
         assert "tabulate absent installed, SBOM says" in checks["sbom"]["detail"]
         text = bare_builder(tmp_path, docker_host, "verify", tampered, check=False).stdout
         assert "FAIL wheel flashinfer" in text and text.strip().endswith("5 of 11 checks failed")

@@ -1,10 +1,9 @@
 """Each kernel compiled once: per-module keys, the kernel wheel, kernels shared through a
 real registry and installed from a real index, on the real engine with real nvcc.
 
-The module set is two cheap modules: `norm`, and vllm's custom all-reduce (`vllm_comm`),
-which stands for the comm module (trtllm_comm takes minutes per compile). A test that must
-compile one module again takes vllm_comm: one translation unit, about 13 s of nvcc against
-norm's 35 s. The comm-only
+The module set is two cheap modules: `gelu_tanh_and_mul` (7 s of nvcc) and vllm's custom
+all-reduce (`vllm_comm`, 13 s), which stands for the comm module (trtllm_comm takes minutes
+per compile). A test that must compile one module again takes vllm_comm. The comm-only
 change is a real patch on top of the series that edits the comm header only that module
 includes.
 """
@@ -48,7 +47,7 @@ from tests.test_image import image_args
 
 pytestmark = pytest.mark.docker
 
-MODULES = "flashinfer.jit.norm:gen_norm_module;flashinfer.jit.comm:gen_vllm_comm_module"
+MODULES = "flashinfer.jit.activation:gen_act_and_mul_module(act_func_name='gelu_tanh');flashinfer.jit.comm:gen_vllm_comm_module"
 COMM_HEADER = "include/flashinfer/comm/vllm_custom_all_reduce.cuh"
 # The site's kernel signing key pair, as `builder jit keygen` makes it (one per test process,
 # deleted when it ends).
@@ -155,8 +154,8 @@ def host_a(
 def test_first_build_compiles_each_module_once_and_shares_it(host_a, registry) -> None:
     builder, result, shared, _ = host_a
     modules = this_run(result)
-    assert set(modules) == {"norm", "vllm_comm"}
-    assert set(by_name(result["image"]["jit_inventory"])) == {"norm", "vllm_comm"}
+    assert set(modules) == {"gelu_tanh_and_mul", "vllm_comm"}
+    assert set(by_name(result["image"]["jit_inventory"])) == {"gelu_tanh_and_mul", "vllm_comm"}
     assert {m["source"] for m in modules.values()} == {"compiled"}
     local = {p.name for p in (builder.cache_dir / "kernels").glob("*.kernel.tar")}
     assert local == {f"{m['lookup']}.{m['key'][:16]}.kernel.tar" for m in modules.values()}
@@ -222,17 +221,17 @@ def test_a_comm_only_change_recompiles_only_the_comm_module(
             "kernels"
         ]
         decisions = {m["name"]: m["reason"] for m in planned}
-        assert decisions["norm"].startswith("reuse:")
+        assert decisions["gelu_tanh_and_mul"].startswith("reuse:")
         assert decisions["vllm_comm"].startswith("compile: 1 input(s) changed")
         assert COMM_HEADER.rsplit("/", 1)[1] in decisions["vllm_comm"]
 
         result = builder.run(*kernel_args(test_base, runtime_index))
         rebuilt = json.loads(result.stdout)["image"]
         modules, before = this_run({"image": rebuilt}), this_run(first)
-        assert modules["norm"]["source"] == "reused"
+        assert modules["gelu_tanh_and_mul"]["source"] == "reused"
         assert (
-            by_name(rebuilt["jit_inventory"])["norm"]["sha256"]
-            == by_name(first["image"]["jit_inventory"])["norm"]["sha256"]
+            by_name(rebuilt["jit_inventory"])["gelu_tanh_and_mul"]["sha256"]
+            == by_name(first["image"]["jit_inventory"])["gelu_tanh_and_mul"]["sha256"]
         )
         assert modules["vllm_comm"]["source"] == "compiled"
         assert modules["vllm_comm"]["key"] != before["vllm_comm"]["key"]
@@ -272,7 +271,7 @@ def test_a_tampered_entry_is_refused_and_compiled_again(host_a, test_base, runti
     assert modules["vllm_comm"]["source"] == "compiled"
     rebuilt = by_name(image["jit_inventory"])["vllm_comm"]["sha256"]
     assert rebuilt != hashlib.sha256(bytes(tampered)).hexdigest(), "the tampered .so never ships"
-    assert modules["norm"]["source"] == "reused"
+    assert modules["gelu_tanh_and_mul"]["source"] == "reused"
 
 
 def test_an_unreachable_registry_is_one_line_and_a_local_build(
@@ -292,7 +291,7 @@ def test_an_unreachable_registry_is_one_line_and_a_local_build(
     assert "kernel registry 127.0.0.1:9/kernels unreachable" in lines[0]
     assert "building with local kernels only" in lines[0]
     planned = json.loads(result.stdout)["kernels"]
-    assert {m["name"] for m in planned} == {"norm", "vllm_comm"}
+    assert {m["name"] for m in planned} == {"gelu_tanh_and_mul", "vllm_comm"}
     assert all(m["reason"].startswith("compile:") and m["entry"] == "none" for m in planned)
 
 
@@ -302,8 +301,8 @@ def test_a_forged_registry_entry_is_not_used_and_the_module_compiles(
 ) -> None:  # fmt: skip
     """Someone who can push to the kernel registry but holds no site key replaces
     vllm_comm's entry (here: host A's own bytes, so only the signature is wrong). A fresh
-    host does not use it: one warning names the entry and vllm_comm compiles; norm, signed by
-    the site, still comes from the registry. Without a trusted key the registry is not used at all."""
+    host does not use it: one warning names the entry and vllm_comm compiles;
+    gelu_tanh_and_mul, signed by the site, still comes from the registry. Without a trusted key the registry is not used at all."""
     from builder.kernels import cache as kernel_cache
 
     builder_a, first, shared, _ = host_a
@@ -324,7 +323,7 @@ def test_a_forged_registry_entry_is_not_used_and_the_module_compiles(
     refused = [line for line in result.stderr.splitlines() if "not signed by a trusted" in line]
     assert len(refused) == 1 and f"{shared}:{forged['lookup']}" in refused[0], result.stderr
     assert modules["vllm_comm"]["source"] == "compiled"
-    assert modules["norm"]["source"] == "reused"
+    assert modules["gelu_tanh_and_mul"]["source"] == "reused"
     assert "2 of 2 modules" not in result.stderr and "(1 from the registry)" in result.stderr
 
     # Its plan is enough here: the build acts on the same decisions (the first host above
@@ -336,7 +335,7 @@ def test_a_forged_registry_entry_is_not_used_and_the_module_compiles(
     )
     assert f"kernel registry {shared} not used: no trusted signing keys" in result.stderr
     planned = {m["name"]: m for m in json.loads(result.stdout)["kernels"]}
-    assert set(planned) == {"norm", "vllm_comm"}
+    assert set(planned) == {"gelu_tanh_and_mul", "vllm_comm"}
     assert all(m["reason"].startswith("compile:") for m in planned.values()), planned
     assert {m["entry"] for m in planned.values()} == {"none"}, "no registry entry was taken"
 
@@ -381,10 +380,10 @@ install --no-deps --index-url http://127.0.0.1:{port}/simple/ \
 rm -f "$(command -v ninja)"
 # No GPU here to detect the arch from (a GPU host needs no FLASHINFER_CUDA_ARCH_LIST).
 FLASHINFER_CUDA_ARCH_LIST=12.0a FLASHINFER_DISABLE_JIT=1 python -c '
-from flashinfer.jit.norm import gen_norm_module
+from flashinfer.jit.activation import gen_act_and_mul_module
 from flashinfer.jit.comm import gen_vllm_comm_module
-for gen in (gen_norm_module, gen_vllm_comm_module):
-    spec = gen(); spec.build_and_load(); print("loaded", spec.name, spec.aot_path)
+for spec in (gen_act_and_mul_module("gelu_tanh"), gen_vllm_comm_module()):
+    spec.build_and_load(); print("loaded", spec.name, spec.aot_path)
 '
 install --no-deps --reinstall /other/{others[0].name}
 python -c 'import flashinfer' 2>&1 | tail -1
@@ -406,7 +405,7 @@ python -c 'import flashinfer' 2>&1 | tail -1
         process.terminate()
     assert code == 0, output
     loaded = [line.split() for line in output.splitlines() if line.startswith("loaded ")]
-    assert [name for _, name, _ in loaded] == ["norm", "vllm_comm"]
+    assert [name for _, name, _ in loaded] == ["gelu_tanh_and_mul", "vllm_comm"]
     assert all("/site-packages/flashinfer_jit_cache/jit_cache/" in path for *_, path in loaded)
     assert (
         f"RuntimeError: flashinfer-jit-cache {kernel_version} holds kernels built for "
