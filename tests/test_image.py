@@ -83,7 +83,10 @@ def test_image_holds_patched_wheels_and_warm_kernels(built, docker_client) -> No
     inventory = image["jit_inventory"]
     assert inventory["arch_list"] == ["12.0a"]
     assert {m["name"] for m in inventory["modules"]} == {"gelu_tanh_and_mul", "fp4_quantization_120"}
-    assert all(m["arch"] == ["sm_120a"] and m["size"] > 100_000 for m in inventory["modules"])
+    # Real libraries with sm_120a device code (cuobjdump's reading), not stand-in bytes.
+    assert all(
+        m["arch"] == ["sm_120a"] and m["size"] > 10_000 for m in inventory["modules"]
+    ), inventory["modules"]
     assert all(len(m["key"]) == 64 for m in inventory["modules"])
     assert {m["source"] for m in image["kernel_build"]["modules"]} == {"compiled"}
 
