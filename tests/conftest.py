@@ -52,11 +52,11 @@ FORK_DIRS = {"sglang": "sglang-0.5.9", "flashinfer": "flashinfer-0.6.3"}
 class Upstreams:
     root: Path
     commits: dict[str, str]
-    served: str = ""  # git://127.0.0.1:PORT/ of a git daemon serving `root`; "": file://
+    served: str  # git://127.0.0.1:PORT/ of the git daemon serving `root`
 
     @property
     def mirror(self) -> str:
-        return f"https://github.com/={self.served or f'file://{self.root}/'}"
+        return f"https://github.com/={self.served}"
 
 
 # `scripts/test` runs two pytest workers (`-n 2 --dist loadgroup`), and both use one Docker

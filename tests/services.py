@@ -381,6 +381,8 @@ def _debootstrap(destination: Path) -> Path:
     partial = archive.with_suffix(".partial")
     with tarfile.open(partial, "w") as tar:
         tar.add(staging, arcname=".")
+    for stale in CACHE.glob(f"rootfs-{DEBIAN_SUITE}-*.tar"):  # an earlier recipe's: a GB each
+        stale.unlink()
     partial.replace(archive)
     shutil.rmtree(staging)
     return archive
