@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,26 +35,18 @@ sys.path.insert(0, str(REPO))
 
 from tests import upstreams  # noqa: E402
 from tests.conftest import Upstreams, make_data_dir  # noqa: E402
-
-# For the daemon and for git's clone (its submodule clones too): what GitHub serves, and
-# github.com's URLs in .gitmodules rewritten to the daemon, as --mirror does for builder.
-_GIT_CONFIG = {"uploadpack.allowAnySHA1InWant": "true"}
+from tests.services import start_git_daemon  # noqa: E402
 
 
-def _git_env(extra: dict[str, str]) -> dict[str, str]:
-    config = {**_GIT_CONFIG, **extra}
+# For git's clone (its submodule clones too): github.com's URLs in .gitmodules rewritten to
+# the daemon, as --mirror does for builder.
+def _git_env(config: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env["GIT_CONFIG_NOSYSTEM"], env["HOME"] = "1", "/nonexistent"
     env["GIT_CONFIG_COUNT"] = str(len(config))
     for number, (key, value) in enumerate(config.items()):
         env[f"GIT_CONFIG_KEY_{number}"], env[f"GIT_CONFIG_VALUE_{number}"] = key, value
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _timed(command: list[str], env: dict[str, str]) -> float:
@@ -75,21 +66,10 @@ def main() -> None:
     daemon = None
     try:
         github = work / "github"
-        fixture = Upstreams(github, upstreams.build_all(github))
-        data = make_data_dir(work / "data", fixture)
+        commits = upstreams.build_all(github)
+        daemon, served = start_git_daemon(github, allow_any_sha=True)
+        data = make_data_dir(work / "data", Upstreams(github, commits, served))
         pin = tomllib.loads((data / "forks/flashinfer-0.6.3/pin.toml").read_text())
-        port = _free_port()
-        daemon = subprocess.Popen(
-            ["git", "daemon", "--reuseaddr", "--export-all", f"--base-path={github}",
-             "--listen=127.0.0.1", f"--port={port}", str(github)],
-            env=_git_env({}), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        served = f"git://127.0.0.1:{port}/"
-        for _ in range(50):
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
         clone_env = _git_env({f"url.{served}.insteadOf": "https://github.com/"})
         tag = pin["ref"].removeprefix("refs/tags/")
         times: dict[str, list[float]] = {"git": [], "builder": []}

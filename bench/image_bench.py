@@ -90,18 +90,20 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="builder-bench-"))
     daemon = services.start_dockerd(work / "dockerd")
-    index = None
+    index = git_daemon = None
     try:
         client = docker.DockerClient(base_url=daemon.host, timeout=900)
         base = services.build_test_base(client, work)
         index, port = services.start_pypiserver(services.runtime_wheelhouse(), work / "pypi.log")
         github = work / "github"
         commits = upstreams.build_all(github)
-        data = make_data_dir(work / "data", Upstreams(github, commits))
+        git_daemon, served = services.start_git_daemon(github)
+        fixture = Upstreams(github, commits, served)
+        data = make_data_dir(work / "data", fixture)
         command = [
             sys.executable, "-m", "builder.cli", "image", "--json",
             "--data-dir", str(data), "--cache-dir", str(work / "cache"),
-            "--mirror", f"https://github.com/=file://{github}/",
+            "--mirror", fixture.mirror,
             "--wheelhouse", str(work / "wheelhouse"), "--base-image", base,
             "--pip-index-url", f"http://127.0.0.1:{port}/simple/", "--pip-extra-index-url=",
             "--runtime-requirements", str(services.IMAGE_RUNTIME_LOCK), "--network-host",
@@ -159,8 +161,9 @@ def main() -> None:
             json.dumps(result, indent=2) + "\n"
         )
     finally:
-        if index:
-            index.terminate()
+        for process in (index, git_daemon):
+            if process:
+                process.terminate()
         daemon.stop(remove_data=True)  # its images are gigabytes
         shutil.rmtree(work, ignore_errors=True)
 

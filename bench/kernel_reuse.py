@@ -106,7 +106,10 @@ def main() -> None:
         )
         processes += [index, registry]
         github = work / "github"
-        fixture = Upstreams(github, upstreams.build_all(github))
+        commits = upstreams.build_all(github)
+        git_daemon, served = services.start_git_daemon(github)
+        processes.append(git_daemon)
+        fixture = Upstreams(github, commits, served)
         data = make_data_dir(work / "data", fixture)
         common = [
             # The fixture's sources are the sm120-0.5.9 stack's (flashinfer 0.6.3 on PyPI).
