@@ -361,14 +361,19 @@ def fetch_and_checkout(cache_dir: Path, target: str, fork: Fork, mirrors: Mirror
         mirror = ensure_commit(cache_dir, fork.url, fork.commit, mirrors, what, ref=fork.ref)
     path = workdir_path(cache_dir, target, fork.name)
     repo = open_workdir(path, mirror)
-    # The submodules' commits are fetched while the main tree is written (as git does not).
+    # Each submodule's repository is made before the main tree is written, so that checkout
+    # leaves the submodule's directory alone; the main tree is then written while the
+    # submodules are fetched and written beside it (git clone does one after the other;
+    # libgit2 runs without the GIL).
+    for sub in read_submodules(repo, fork.commit, fork.url):
+        open_workdir(path / sub.path, _mirror_path(cache_dir, sub.url))
     with concurrent.futures.ThreadPoolExecutor(1) as background:
-        fetching = background.submit(
-            _fetch_submodules, cache_dir, mirror, fork.commit, fork.url, mirrors, what
-        )
-        checkout_commit(repo, fork.commit)
-        fetching.result()
-    submodules = checkout_submodules(cache_dir, repo, fork.commit, fork.url, mirrors, what)
+        main_tree = background.submit(checkout_commit, repo, fork.commit)
+        _fetch_submodules(cache_dir, mirror, fork.commit, fork.url, mirrors, what)
+        # A repository object of its own: libgit2's are not shared across threads.
+        beside = pygit2.Repository(str(path))
+        submodules = checkout_submodules(cache_dir, beside, fork.commit, fork.url, mirrors, what)
+        main_tree.result()
     return Checkout(fork.name, path, fork.commit, submodules)
 
 

@@ -19,6 +19,15 @@ from tests.services import start_git_daemon
 pytestmark = pytest.mark.skipif(not shutil.which("git"), reason="git not installed")
 
 
+def _files(root: Path) -> dict[str, bytes]:
+    """Every file under `root` but git's own, by its path: what a build would read."""
+    return {
+        str(path.relative_to(root)): path.read_bytes()
+        for path in root.rglob("*")
+        if path.is_file() and ".git" not in path.relative_to(root).parts
+    }
+
+
 def _sources(builder: Builder, served: str) -> dict:
     builder.mirror = f"https://github.com/={served}"
     return json.loads(builder.run("sources", "--upstream", "flashinfer", "--json").stdout)
@@ -31,6 +40,22 @@ def test_submodules_come_at_their_pinned_commit_alone_where_the_server_allows(
     process, served = start_git_daemon(github.root, allow_any_sha=allow_any_sha)
     try:
         checked_out = _sources(builder, served)["upstreams"]["flashinfer"]
+        if allow_any_sha:
+            # The main tree and the submodules are written side by side: the result is
+            # git's own recursive clone, file for file, and stays so when run again.
+            clone = builder.cache_dir.parent / "git-clone"
+            subprocess.run(
+                ["git", "-c", f"url.{served}.insteadOf=https://github.com/", "clone", "-q",
+                 "--recurse-submodules", f"{served}flashinfer-ai/flashinfer.git", str(clone)],
+                check=True, capture_output=True,
+            )  # fmt: skip
+            subprocess.run(["git", "-C", str(clone), "checkout", "-q", "--recurse-submodules",
+                            checked_out["commit"]], check=True, capture_output=True)  # fmt: skip
+            expected = _files(clone)
+            assert "3rdparty/cutlass/include/cutlass/cutlass.h" in expected
+            assert _files(Path(checked_out["path"])) == expected
+            _sources(builder, served)
+            assert _files(Path(checked_out["path"])) == expected
     finally:
         process.terminate()
         process.wait()
