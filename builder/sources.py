@@ -12,7 +12,9 @@ import concurrent.futures
 import configparser
 import contextlib
 import hashlib
+import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -201,15 +203,21 @@ def fetch_ref(cache_dir: Path, url: str, ref: str, mirrors: Mirrors, what: str) 
     raise BuilderError(f"--onto {ref}: no such tag, branch or commit at {redact(effective)}")
 
 
-def open_workdir(path: Path, mirror: Path) -> pygit2.Repository:
-    """A work repository borrowing `mirror`'s objects; recreated if missing or damaged."""
-    alternates = f"{mirror / 'objects'}\n"
+def _existing_workdir(path: Path, mirror: Path) -> pygit2.Repository | None:
     try:
         repo = pygit2.Repository(str(path))
-        if (Path(repo.path) / "objects/info/alternates").read_text() == alternates:
+        if (Path(repo.path) / "objects/info/alternates").read_text() == f"{mirror / 'objects'}\n":
             return repo
     except (pygit2.GitError, FileNotFoundError):
         pass
+    return None
+
+
+def open_workdir(path: Path, mirror: Path) -> pygit2.Repository:
+    """A work repository borrowing `mirror`'s objects; recreated if missing or damaged."""
+    if repo := _existing_workdir(path, mirror):
+        return repo
+    alternates = f"{mirror / 'objects'}\n"
     remove_tree(path)
     with staging_dir(path) as staging:
         pygit2.init_repository(str(staging))
@@ -361,19 +369,33 @@ def fetch_and_checkout(cache_dir: Path, target: str, fork: Fork, mirrors: Mirror
         mirror = ensure_commit(cache_dir, fork.url, fork.commit, mirrors, what, ref=fork.ref)
     path = workdir_path(cache_dir, target, fork.name)
     repo = open_workdir(path, mirror)
-    # Each submodule's repository is made before the main tree is written, so that checkout
-    # leaves the submodule's directory alone; the main tree is then written while the
-    # submodules are fetched and written beside it (git clone does one after the other;
-    # libgit2 runs without the GIL).
-    for sub in read_submodules(repo, fork.commit, fork.url):
-        open_workdir(path / sub.path, _mirror_path(cache_dir, sub.url))
-    with concurrent.futures.ThreadPoolExecutor(1) as background:
+    # The main tree is written while the submodules are fetched and, where this work
+    # directory has none yet, written beside it, outside it (the main checkout removes what
+    # it does not know), then moved in: git clone does one after the other; libgit2 runs
+    # without the GIL.
+    new = [
+        sub
+        for sub in read_submodules(repo, fork.commit, fork.url)
+        if not _existing_workdir(path / sub.path, _mirror_path(cache_dir, sub.url))
+    ]
+    with (
+        tempfile.TemporaryDirectory(prefix=f".{fork.name}-submodules.", dir=path.parent) as aside,
+        concurrent.futures.ThreadPoolExecutor(1) as background,
+    ):
         main_tree = background.submit(checkout_commit, repo, fork.commit)
         _fetch_submodules(cache_dir, mirror, fork.commit, fork.url, mirrors, what)
-        # A repository object of its own: libgit2's are not shared across threads.
-        beside = pygit2.Repository(str(path))
-        submodules = checkout_submodules(cache_dir, beside, fork.commit, fork.url, mirrors, what)
+        for number, sub in enumerate(new):
+            staged = open_workdir(Path(aside) / str(number), _mirror_path(cache_dir, sub.url))
+            checkout_commit(staged, sub.commit)
+            label = f"{what} submodule {sub.path}"
+            checkout_submodules(cache_dir, staged, sub.commit, sub.url, mirrors, label)
         main_tree.result()
+        for number, sub in enumerate(new):
+            remove_tree(path / sub.path)  # the main checkout's empty directory for it
+            (path / sub.path).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(Path(aside) / str(number), path / sub.path)
+    # In place now: each is checked to be at its commit (a stat of its files where staged).
+    submodules = checkout_submodules(cache_dir, repo, fork.commit, fork.url, mirrors, what)
     return Checkout(fork.name, path, fork.commit, submodules)
 
 

@@ -75,6 +75,7 @@ class Daemon:
     host: str
     process: subprocess.Popen | None
     data_root: Path | None = None
+    run_dir: Path | None = None  # its socket, pid file and exec root, under /tmp
 
     def stop(self, *, remove_data: bool = False) -> None:
         """Stop the engine; `remove_data` frees its images (gigabytes: CI's disk is finite)."""
@@ -85,6 +86,8 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
         if remove_data and self.data_root:
             shutil.rmtree(self.data_root, ignore_errors=True)
 
@@ -161,11 +164,11 @@ def shared_dockerd() -> str:
 
     def start(folder: Path) -> dict:
         daemon = start_dockerd(folder)
-        assert daemon.process and daemon.data_root
+        assert daemon.process and daemon.data_root and daemon.run_dir
         return {
             "host": daemon.host,
             "pids": [daemon.process.pid],
-            "remove": [str(daemon.data_root)],
+            "remove": [str(daemon.data_root), str(daemon.run_dir)],
         }
 
     return once_per_run("dockerd", start)["host"]
@@ -202,7 +205,7 @@ def start_dockerd(root: Path, *, second: bool = False) -> Daemon:
         return subprocess.run([docker_cli, "-H", host, "info"], capture_output=True).returncode == 0
 
     wait_for(ready, 60, "dockerd")
-    return Daemon(host, process, root / "data")
+    return Daemon(host, process, root / "data", run)
 
 
 def start_process(command: list[str], port: int, log: Path, what: str) -> subprocess.Popen:

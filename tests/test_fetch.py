@@ -13,7 +13,7 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from tests.conftest import REPO_ROOT, Builder, Upstreams
+from tests.conftest import REPO_ROOT, Builder, Upstreams, seed_cache
 from tests.services import start_git_daemon
 
 pytestmark = pytest.mark.skipif(not shutil.which("git"), reason="git not installed")
@@ -71,6 +71,24 @@ def test_submodules_come_at_their_pinned_commit_alone_where_the_server_allows(
             assert (mirror / "shallow").is_file()
         else:  # the server refused the id: every branch and tag instead, as before
             assert "refs/heads/main" in refs and not (mirror / "shallow").exists()
+
+
+def test_a_checkout_from_mirrors_already_cached_is_the_same_tree(
+    builder: Builder, github: Upstreams, tmp_path: Path
+) -> None:
+    """No fetch to wait for: the main tree and the submodules are written at once, and
+    neither removes the other's files."""
+    first = json.loads(builder.run("sources", "--json").stdout)["upstreams"]
+    again = Builder(builder.data_dir, tmp_path / "again", github.mirror, tmp_path / "wheels")
+    seed_cache(again, builder.cache_dir, folders=("mirrors",))
+    second = json.loads(again.run("sources", "--json").stdout)["upstreams"]
+    for name, checkout in first.items():
+        expected = _files(Path(checkout["path"]))
+        assert _files(Path(second[name]["path"])) == expected, name
+    cutlass = Path(second["flashinfer"]["path"]) / "3rdparty/cutlass"
+    assert (cutlass / "include/cutlass/cutlass.h").is_file()
+    work = Path(second["flashinfer"]["path"]).parent
+    assert sorted(p.name for p in work.iterdir()) == sorted(second)  # nothing left aside
 
 
 def test_the_fetch_bench_runs_in_its_smallest_form(tmp_path: Path) -> None:
