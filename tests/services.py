@@ -87,9 +87,9 @@ class Daemon:
                 self.process.kill()
                 self.process.wait()
         if self.run_dir:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+            remove_with_mounts(self.run_dir)
         if remove_data and self.data_root:
-            shutil.rmtree(self.data_root, ignore_errors=True)
+            remove_with_mounts(self.data_root)
 
 
 # The run's shared folder: set by the controller (tests/conftest.py), inherited by workers.
@@ -128,6 +128,19 @@ def _write_record(record: Path, made: dict) -> None:
     partial.replace(record)
 
 
+def remove_with_mounts(path: Path) -> None:
+    """`path` deleted, after what is still mounted under it: a stopped dockerd leaves its
+    network namespace bind-mounted in its exec root, one more mount per run otherwise."""
+    mounted = [
+        line.split()[4].replace("\\040", " ")
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+    ]
+    for point in sorted(mounted, reverse=True):  # the deepest first
+        if Path(point).is_relative_to(path):
+            subprocess.run(["umount", "--lazy", point], check=False, capture_output=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _gone(pid: int) -> bool:
     with contextlib.suppress(ChildProcessError):  # reaped here only if this is its parent
         if os.waitpid(pid, os.WNOHANG)[0] == pid:
@@ -154,7 +167,7 @@ def stop_shared_services(shared: Path) -> None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         for path in made.get("remove", []):
-            shutil.rmtree(path, ignore_errors=True)
+            remove_with_mounts(Path(path))
 
 
 def shared_dockerd() -> str:
