@@ -61,12 +61,21 @@ class Upstreams:
 
 # `scripts/test` runs two pytest workers (`-n 2 --dist loadgroup`), and both use one Docker
 # engine (tests/services.py `once_per_run`): one copy of the test runtime's gigabytes, built
-# once. The engine's tests are two groups, each run in order by one worker: the kernel
-# sharing tests (their images under a repository of their own) and all the others. Every
-# other module is a group of its own (its module fixtures made once), spread over both.
+# once. The engine's tests are three groups, each run in order by one worker: the kernel
+# sharing tests (their images under a repository of their own), the current stack's image
+# (its own repository too: a third of the engine's work in one test) and all the others.
+# Every other module is a group of its own (its module fixtures made once). The long groups
+# are handed out first, so that the short ones fill in around them (longest first: the run
+# ends when its last group does); xdist's own order, most tests first, would leave the
+# one-test group of the current stack to the end.
 _ENGINE_FIXTURES = {"docker_host", "docker_client", "registry"}
-_SECOND_ENGINE_GROUP = {"tests.test_kernels_shared"}
+_ENGINE_GROUPS = {
+    "tests.test_current_stack": "docker-engine-current-stack",
+    "tests.test_kernels_shared": "docker-engine-kernels-shared",
+}
+_LONGEST_FIRST = ["docker-engine-current-stack", "docker-engine", "docker-engine-kernels-shared"]
 _SHARED_KEY = pytest.StashKey[Path]()
+_GROUP_KEY = pytest.StashKey[str]()
 
 
 @pytest.hookimpl(trylast=True)  # after the tmp_path plugin has made the run's basetemp
@@ -76,6 +85,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if hasattr(config, "workerinput") or SHARED_DIR_ENV in os.environ:
         return
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False  # the order is pytest_collection_modifyitems'
     shared = config._tmp_path_factory.getbasetemp() / "shared"  # the workers' basetemp's parent
     shared.mkdir()
     os.environ[SHARED_DIR_ENV] = str(shared)
@@ -105,13 +116,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # By the fixtures it asks for (directly or through others), not by the module's
         # `docker` marker: a test of a docker module that reaches no engine (bad input, a
         # daemon that is down) runs beside the engine's groups.
-        uses_engine = _ENGINE_FIXTURES & set(item.fixturenames)
         module = item.module.__name__
-        if uses_engine:
-            group = "docker-engine-2" if module in _SECOND_ENGINE_GROUP else "docker-engine"
+        if _ENGINE_FIXTURES & set(item.fixturenames):
+            group = _ENGINE_GROUPS.get(module, "docker-engine")
         else:
             group = module
         item.add_marker(pytest.mark.xdist_group(group))
+        item.stash[_GROUP_KEY] = group
+    rank = {group: place for place, group in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.stash[_GROUP_KEY], len(rank)))  # stable
 
 
 @pytest.fixture(scope="session")

@@ -396,6 +396,7 @@ def test_the_series_moves_to_a_new_release_with_builder_s_own_tools(
 # names for it.
 CP313_RELEASE = "sglang-0.5.23-cp313-cp313-manylinux_2_34_x86_64.whl"
 PCIE_IPC = "flashinfer.jit.comm:gen_pcie_ipc_comm_module"
+OWN_REPOSITORY = "sglang-sm120-current-stack"
 
 
 def _release_extensions(wheel: Path) -> dict[str, str]:
@@ -450,7 +451,13 @@ def test_the_current_stack_builds_into_an_image(
             text = text.replace(f'{field} = "{PIN[field]}"', f'{field} = "{value}"')
         pin.write_text(text)
         target = builder.data_dir / "images/sm120/target.toml"
-        target.write_text(target.read_text().replace('python = "3.12"', f'python = "{TEST_PYTHON}"'))
+        # A repository of its own: this test runs beside the engine's other tests, which
+        # count sglang-sm120's tags and containers (tests/conftest.py).
+        target.write_text(
+            target.read_text()
+            .replace('python = "3.12"', f'python = "{TEST_PYTHON}"')
+            .replace('repository = "sglang-sm120"', f'repository = "{OWN_REPOSITORY}"')
+        )
         mirror, flashinfer_commit = flashinfer_upstream
         flashinfer_pin = builder.data_dir / "forks/flashinfer/pin.toml"
         flashinfer_pin.write_text(
@@ -466,6 +473,7 @@ def test_the_current_stack_builds_into_an_image(
         process.terminate()
 
     image = result["image"]
+    assert image["reference"].startswith(f"{OWN_REPOSITORY}:"), image["reference"]
     manifest = json.loads(Path(result["manifest"]).read_text())
     validate_manifest(manifest)
     assert manifest["target"]["name"] == "sm120" and manifest["target"]["arch_list"] == ["12.0f"]
