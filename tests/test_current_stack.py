@@ -350,14 +350,16 @@ def _as_release(wheel: Path, version: str, out: Path) -> Path:
 
 
 def test_the_series_moves_to_a_new_release_with_builder_s_own_tools(
-    tmp_path: Path, sglang_release: Path
+    tmp_path: Path, sglang_release: Path, sglang_built
 ) -> None:
     """`patches check/refresh --onto VERSION` for a release-sourced upstream: the next
     release (here 0.5.23 with our API-key patch merged, labelled 0.5.24) is fetched from the
     index, imported as a commit, the series classified (0002 `upstream`), and refresh writes
     the pin (file, sha256 from the index, commit, version) and the shorter series; the
-    wheels then build from it."""
+    wheels then build from it. 0.5.23 comes imported already (`sglang_built`'s cache: the
+    same file gives the same commit); 0.5.24 is fetched and imported here."""
     one = _builder(tmp_path / "one", "unused=unused")
+    seed_cache(one, sglang_built[0].cache_dir, folders=("releases", "mirrors"))
     series = one.data_dir / "forks/sglang/patches/sm120"
     for patch in sorted(series.glob("0001-*.patch")):
         patch.unlink()
@@ -372,6 +374,7 @@ def test_the_series_moves_to_a_new_release_with_builder_s_own_tools(
         _as_release(Path(only_0002["upstreams"]["sglang"]["wheel"]["path"]), "0.5.24", packages)
 
         builder = _builder(tmp_path / "two", mirror)
+        seed_cache(builder, sglang_built[0].cache_dir, folders=("releases", "mirrors"))
         checked = builder.run("patches", "check", "--upstream", "sglang", "--onto", "0.5.24")
         lines = checked.stdout + checked.stderr
         assert "clean     0001-" in lines and "upstream  0002-" in lines, lines
