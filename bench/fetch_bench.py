@@ -33,9 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests import upstreams  # noqa: E402
-from tests.conftest import Upstreams, make_data_dir  # noqa: E402
-from tests.services import start_git_daemon  # noqa: E402
+from tests.conftest import make_data_dir, serve_upstreams  # noqa: E402
 
 
 # For git's clone (its submodule clones too): github.com's URLs in .gitmodules rewritten to
@@ -65,10 +63,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="builder-fetch-bench-"))
     daemon = None
     try:
-        github = work / "github"
-        commits = upstreams.build_all(github)
-        daemon, served = start_git_daemon(github, allow_any_sha=True)
-        data = make_data_dir(work / "data", Upstreams(github, commits, served))
+        fixture, daemon = serve_upstreams(work / "github", allow_any_sha=True)
+        served = fixture.served
+        data = make_data_dir(work / "data", fixture)
         pin = tomllib.loads((data / "forks/flashinfer-0.6.3/pin.toml").read_text())
         clone_env = _git_env({f"url.{served}.insteadOf": "https://github.com/"})
         tag = pin["ref"].removeprefix("refs/tags/")

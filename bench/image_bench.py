@@ -32,9 +32,9 @@ sys.path.insert(0, str(REPO))
 import docker  # noqa: E402
 
 from builder import image  # noqa: E402
-from tests import services, upstreams  # noqa: E402
+from tests import services  # noqa: E402
 from tests.conftest import STACK_TARGET as TARGET  # noqa: E402
-from tests.conftest import WARM_MODULES, Upstreams, make_data_dir  # noqa: E402
+from tests.conftest import WARM_MODULES, make_data_dir, serve_upstreams  # noqa: E402
 
 NOOP_TAG = "builder-bench-noop:latest"  # not builder's tag: a cache miss cannot replace it
 
@@ -95,10 +95,7 @@ def main() -> None:
         client = docker.DockerClient(base_url=daemon.host, timeout=900)
         base = services.build_test_base(client, work)
         index, port = services.start_pypiserver(services.runtime_wheelhouse(), work / "pypi.log")
-        github = work / "github"
-        commits = upstreams.build_all(github)
-        git_daemon, served = services.start_git_daemon(github)
-        fixture = Upstreams(github, commits, served)
+        fixture, git_daemon = serve_upstreams(work / "github")
         data = make_data_dir(work / "data", fixture)
         command = [
             sys.executable, "-m", "builder.cli", "image", "--json",

@@ -36,13 +36,13 @@ sys.path.insert(0, str(REPO))
 import docker  # noqa: E402
 
 from builder.kernels import trust as kernel_trust  # noqa: E402
-from tests import services, upstreams  # noqa: E402
+from tests import services  # noqa: E402
 from tests.conftest import (  # noqa: E402
     REGISTRY_PASSWORD,
     REGISTRY_USER,
     STACK_TARGET,
-    Upstreams,
     make_data_dir,
+    serve_upstreams,
 )
 from tests.test_kernels_shared import comm_only_patch  # noqa: E402
 
@@ -105,11 +105,8 @@ def main() -> None:
             work / "registry", REGISTRY_USER, REGISTRY_PASSWORD
         )
         processes += [index, registry]
-        github = work / "github"
-        commits = upstreams.build_all(github)
-        git_daemon, served = services.start_git_daemon(github)
+        fixture, git_daemon = serve_upstreams(work / "github")
         processes.append(git_daemon)
-        fixture = Upstreams(github, commits, served)
         data = make_data_dir(work / "data", fixture)
         common = [
             # The fixture's sources are the sm120-0.5.9 stack's (flashinfer 0.6.3 on PyPI).

@@ -131,15 +131,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def github() -> Upstreams:
     """The fixture upstreams (sglang 0.5.9, flashinfer 0.6.3 with its submodules), served by
     one git daemon for the run (both workers only read them)."""
-    from tests.services import once_per_run, start_git_daemon
+    from tests.services import once_per_run
 
     def make(root: Path) -> dict:
-        commits = upstreams.build_all(root)
-        process, served = start_git_daemon(root)
-        return {"root": str(root), "commits": commits, "served": served, "pids": [process.pid]}
+        made, process = serve_upstreams(root)
+        return {"root": str(root), "commits": made.commits, "served": made.served,
+                "pids": [process.pid]}  # fmt: skip
 
     made = once_per_run("github", make)
     return Upstreams(Path(made["root"]), made["commits"], made["served"])
+
+
+def serve_upstreams(
+    root: Path, *, allow_any_sha: bool = False
+) -> tuple[Upstreams, subprocess.Popen]:
+    """The fixture upstreams made under `root` and served by a git daemon (to be stopped by
+    the caller): the one way the suite and the benches make them, so a bench cannot drift
+    from what the tests run."""
+    from tests.services import start_git_daemon
+
+    commits = upstreams.build_all(root)
+    process, served = start_git_daemon(root, allow_any_sha=allow_any_sha)
+    return Upstreams(root, commits, served), process
 
 
 def set_pin(data_dir: Path, fork: str, **fields: str) -> None:
