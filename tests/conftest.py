@@ -75,7 +75,6 @@ _ENGINE_GROUPS = {
 }
 _LONGEST_FIRST = ["docker-engine-current-stack", "docker-engine", "docker-engine-kernels-shared"]
 _SHARED_KEY = pytest.StashKey[Path]()
-_GROUP_KEY = pytest.StashKey[str]()
 
 
 @pytest.hookimpl(trylast=True)  # after the tmp_path plugin has made the run's basetemp
@@ -122,9 +121,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         else:
             group = module
         item.add_marker(pytest.mark.xdist_group(group))
-        item.stash[_GROUP_KEY] = group
     rank = {group: place for place, group in enumerate(_LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.stash[_GROUP_KEY], len(rank)))  # stable
+    items.sort(  # stable: in a group, the collection's order
+        key=lambda item: rank.get(item.get_closest_marker("xdist_group").args[0], len(rank))
+    )
 
 
 @pytest.fixture(scope="session")
