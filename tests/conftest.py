@@ -255,20 +255,34 @@ def builder(tmp_path: Path, data_dir: Path, github: Upstreams) -> Builder:
     return Builder(data_dir, tmp_path / "cache", github.mirror, tmp_path / "wheelhouse")
 
 
-@pytest.fixture(scope="session")
-def fork_wheels(github: Upstreams) -> Path:
-    """A cache holding the suite's fork wheels (sglang 0.5.9, flashinfer 0.6.3) and the
-    mirrors they came from, fetched and built by `builder wheels` once per run, for both
-    workers: what a test whose subject is neither the fetch nor the wheel build seeds its
-    own cache from (`seed_cache`). The tests of those build from an empty cache."""
+def _fork_wheels_run(github: Upstreams) -> dict:
     from tests.services import once_per_run
 
     def build(root: Path) -> dict:
-        builder = builder_in(root, github)
-        builder.run("wheels")
-        return {"cache": str(builder.cache_dir)}
+        result = builder_in(root, github).run("wheels", "--json")
+        return {"root": str(root), "result": json.loads(result.stdout)}
 
-    return Path(once_per_run("fork-wheels", build)["cache"])
+    return once_per_run("fork-wheels", build)
+
+
+@pytest.fixture(scope="session")
+def fork_wheels(github: Upstreams) -> Path:
+    """A cache holding the suite's fork wheels (sglang 0.5.9, flashinfer 0.6.3) and the
+    mirrors they came from, fetched and built by `builder wheels` from an empty cache once
+    per run, for both workers: what a test whose subject is neither the fetch nor the wheel
+    build seeds its own cache from (`seed_cache`)."""
+    return Path(_fork_wheels_run(github)["root"]) / "cache"
+
+
+@pytest.fixture(scope="session")
+def fork_wheels_build(github: Upstreams) -> tuple[Builder, dict]:
+    """That same run of `builder wheels` from nothing (no mirror, no work tree, no wheel):
+    its builder and `--json` record, for the tests of the fetch and the build themselves.
+    Other tests read its cache meanwhile: only a run that changes nothing goes on it."""
+    made = _fork_wheels_run(github)
+    root = Path(made["root"])
+    builder = Builder(root / "data", root / "cache", github.mirror, root / "wheelhouse")
+    return builder, made["result"]
 
 
 # --- real services ---------------------------------------------------------------------------

@@ -18,14 +18,9 @@ from tests.conftest import Builder, Upstreams, make_data_dir, seed_cache
 
 
 @pytest.fixture(scope="module")
-def first(tmp_path_factory: pytest.TempPathFactory, github: Upstreams) -> tuple[Builder, dict]:
-    """`builder wheels` from nothing: no mirror, no work tree, no wheel."""
-    root = tmp_path_factory.mktemp("first")
-    builder = Builder(
-        make_data_dir(root / "data", github), root / "cache", github.mirror, root / "wheelhouse"
-    )
-    result = builder.run("wheels", "--json")
-    return builder, json.loads(result.stdout)
+def first(fork_wheels_build: tuple[Builder, dict]) -> tuple[Builder, dict]:
+    """`builder wheels` from nothing: no mirror, no work tree, no wheel (the run's one)."""
+    return fork_wheels_build
 
 
 def _read(wheel: Path, member_suffix: str) -> str:
