@@ -289,7 +289,7 @@ IMAGE_RUNTIME_REQUIREMENTS = DATA / "image-runtime-requirements.txt"
 # The same resolved by `builder lock --base-provides torch` (python 3.13, manylinux_2_28):
 # what the sm120-0.5.9 test images install beside the test base's torch.
 IMAGE_RUNTIME_LOCK = DATA / "image-runtime-lock.txt"
-# The current-stack test image's (PyPI's torch 2.9.1 and its CUDA libraries).
+# The current-stack test image's (PyPI's torch 2.7.1 and its CUDA libraries).
 CURRENT_STACK_RUNTIME_LOCK = DATA / "current-stack-runtime-lock.txt"
 TEST_PYTHON = "3.13"  # the test base's (Debian trixie)
 _HEADERS_ONLY = ("nvidia-cublas", "nvidia-curand")

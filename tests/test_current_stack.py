@@ -426,7 +426,7 @@ def test_the_current_stack_builds_into_an_image(
     wheel (re-pinned to the cp313 file for the suite's Python 3.13 base), flashinfer 0.7.2
     from git, one module of the target's list (pcie_ipc_comm) compiled with nvcc 13 for the
     target's 12.0f and checked to load from the kernel wheel. The runtime stage installs
-    tests/data/current-stack-runtime-lock.txt (PyPI's torch 2.9.1: flashinfer 0.7.2 needs
+    tests/data/current-stack-runtime-lock.txt (PyPI's torch 2.7.1: flashinfer 0.7.2 needs
     torch >= 2.7, newer than the test base's); the target's own lock is checked against
     these wheels by the test above. The flashinfer mirror and wheel are the run's ones
     (`flashinfer_wheel`)."""
