@@ -15,6 +15,7 @@ import json
 import sys
 import uuid
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from cyclonedx.model import HashAlgorithm, HashType, Property
@@ -30,6 +31,9 @@ from builder.identity import builder_identity
 from builder.patches import ForkResult
 from builder.urls import redact
 from builder.wheels import BuiltWheel
+
+if TYPE_CHECKING:
+    from cyclonedx.validation.json import JsonStrictValidator
 
 PATH_IN_IMAGE = "/opt/builder/sbom.cdx.json"
 REPORT_IN_IMAGE = "/opt/builder/runtime-install.json"  # pip install --report, runtime stage
@@ -176,7 +180,7 @@ def validate(text: str, what: str) -> None:
         raise BuilderError(f"{what} is not valid CycloneDX 1.6: {str(error)[:300]}")
 
 
-def _strict_validator():
+def _strict_validator() -> JsonStrictValidator:
     """cyclonedx-python-lib's strict validator, without the 3.5 s of CPU its jsonschema would
     spend at import building rfc3987-syntax's lark grammars, for one format: an
     "iri-reference" is checked instead as RFC 3987 section 3.1 maps it onto a URI reference
