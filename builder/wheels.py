@@ -273,11 +273,20 @@ def _export_source(
     return project
 
 
-def _run_build(source: Path, fork: Fork, env: dict[str, str], outdir: Path, log_path: Path) -> Path:
+def _backend_home(exported: Path) -> Path:
+    """An empty HOME for the backend, in the export's folder beside the source: it goes with
+    the export, and a killed build's with the killed export (the next build clears those)."""
+    home = exported / "backend-home"
+    home.mkdir()
+    return home
+
+
+def _run_build(
+    source: Path, fork: Fork, env: dict[str, str], outdir: Path, log_path: Path, home: Path
+) -> Path:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("")
-    with tempfile.TemporaryDirectory(prefix="builder-backend-home-") as home:
-        return _build_with(source, fork, env, outdir, log_path, Path(home))
+    return _build_with(source, fork, env, outdir, log_path, home)
 
 
 def _build_with(
@@ -349,23 +358,22 @@ def declared_metadata(cache_dir: Path, result: ForkResult, fork: Fork, label: st
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text("")
         backend_env = {**env, "GIT_CEILING_DIRECTORIES": exported}
-        with tempfile.TemporaryDirectory(prefix="builder-backend-home-") as home:
-            project = build.ProjectBuilder(
-                source,
-                python_executable=sys.executable,
-                runner=_runner(log_path, backend_env, Path(home)),
-            )
-            try:
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    info = Path(project.metadata_path(Path(exported) / "metadata"))
-            except build.BuildBackendException:
-                raise BuilderError(
-                    f"{fork.name}: the backend could not say its metadata (full log: "
-                    f"{log_path}); last lines:\n{_log_tail(log_path)}"
-                ) from None
-            finally:
-                _log_warnings(log_path, caught)
+        project = build.ProjectBuilder(
+            source,
+            python_executable=sys.executable,
+            runner=_runner(log_path, backend_env, _backend_home(Path(exported))),
+        )
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                info = Path(project.metadata_path(Path(exported) / "metadata"))
+        except build.BuildBackendException:
+            raise BuilderError(
+                f"{fork.name}: the backend could not say its metadata (full log: "
+                f"{log_path}); last lines:\n{_log_tail(log_path)}"
+            ) from None
+        finally:
+            _log_warnings(log_path, caught)
         return (info / "METADATA").read_text()
 
 
@@ -404,7 +412,8 @@ def build_wheel(
                     log_path = cache_dir / "logs" / f"{fork.name}-wheel.log"
                     # No repository above the export either (git looks upward for one).
                     backend_env = {**env, "GIT_CEILING_DIRECTORIES": exported}
-                    built = _run_build(source, fork, backend_env, staging, log_path)
+                    home = _backend_home(Path(exported))
+                    built = _run_build(source, fork, backend_env, staging, log_path, home)
             verify_wheel(built, fork, version, result.patches)
             record = {"filename": built.name, "sha256": sha256_file(built), "key": key}
             (staging / "wheel.json").write_text(json.dumps(record, indent=2))

@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -136,6 +137,7 @@ def test_kill_during_wheel_build_leaves_nothing_half_done(
 ) -> None:
     seed_cache(builder, first[0].cache_dir, folders=("mirrors",))  # the fetch is not the subject
     builder.run("patch")  # sources and patches in place; the kill lands in the wheel build
+    homes_before = set(Path(tempfile.gettempdir()).glob("builder-backend-home-*"))
     process = subprocess.Popen(
         builder.command("wheels"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -149,6 +151,9 @@ def test_kill_during_wheel_build_leaves_nothing_half_done(
     assert not list((builder.cache_dir / "wheels").glob("*/wheel.json"))
 
     assert list(builder.cache_dir.glob(".source-*")), "the killed build's export is left"
+    # with the backend's HOME inside it: nothing of the build outside the cache
+    assert set(Path(tempfile.gettempdir()).glob("builder-backend-home-*")) <= homes_before
+    assert list(builder.cache_dir.glob(".source-*/backend-home"))
 
     result = json.loads(builder.run("wheels", "--json").stdout)
     assert {p.name for p in builder.wheelhouse.iterdir()} == {
