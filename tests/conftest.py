@@ -259,8 +259,10 @@ def _fork_wheels_run(github: Upstreams) -> dict:
     from tests.services import once_per_run
 
     def build(root: Path) -> dict:
-        result = builder_in(root, github).run("wheels", "--json")
-        return {"root": str(root), "result": json.loads(result.stdout)}
+        builder = builder_in(root, github)
+        result = json.loads(builder.run("wheels", "--json").stdout)
+        paths = {"data": builder.data_dir, "cache": builder.cache_dir, "wheels": builder.wheelhouse}
+        return {**{name: str(path) for name, path in paths.items()}, "result": result}
 
     return once_per_run("fork-wheels", build)
 
@@ -271,7 +273,7 @@ def fork_wheels(github: Upstreams) -> Path:
     mirrors they came from, fetched and built by `builder wheels` from an empty cache once
     per run, for both workers: what a test whose subject is neither the fetch nor the wheel
     build seeds its own cache from (`seed_cache`)."""
-    return Path(_fork_wheels_run(github)["root"]) / "cache"
+    return Path(_fork_wheels_run(github)["cache"])
 
 
 @pytest.fixture(scope="session")
@@ -280,8 +282,10 @@ def fork_wheels_build(github: Upstreams) -> tuple[Builder, dict]:
     its builder and `--json` record, for the tests of the fetch and the build themselves.
     Other tests read its cache meanwhile: only a run that changes nothing goes on it."""
     made = _fork_wheels_run(github)
-    root = Path(made["root"])
-    builder = Builder(root / "data", root / "cache", github.mirror, root / "wheelhouse")
+    builder = Builder(
+        data_dir=Path(made["data"]), cache_dir=Path(made["cache"]), mirror=github.mirror,
+        wheelhouse=Path(made["wheels"]),
+    )  # fmt: skip
     return builder, made["result"]
 
 
