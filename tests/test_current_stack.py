@@ -419,7 +419,7 @@ def test_the_current_stack_builds_into_an_image(
     docker_host: str,
     docker_client,
     test_base: str,
-    runtime_index: tuple[str, Path],
+    runtime_index_served: tuple[str, Path],
     flashinfer_wheel: dict,
 ) -> None:
     """`builder image --target sm120` on the real engine: sglang 0.5.23 from its released
@@ -467,7 +467,9 @@ def test_the_current_stack_builds_into_an_image(
             flashinfer_pin.read_text().replace(FLASHINFER_PIN["commit"], flashinfer_commit)
         )
         seed_from_the_run(builder, flashinfer_wheel, "mirrors", "wheels")
-        index_url, _ = runtime_index
+        # The index alone, not `runtime_index`: this image's runtime layer is its own (another
+        # lock), so it need not wait for the test image to make the shared one.
+        index_url, _ = runtime_index_served
         args = image_args(
             test_base, (index_url, CURRENT_STACK_RUNTIME_LOCK), "--json", "--jit-modules", PCIE_IPC
         )
