@@ -338,6 +338,9 @@ def _cached_download(name: str, requirements_file: Path, *options: str) -> Path:
     destination = CACHE / f"{name}-{key}"
     if not destination.is_dir():
         _pip_download(["-r", str(requirements_file)], destination, *options)
+        for stale in CACHE.glob(f"{name}-*"):  # an earlier lock's wheels: up to 3 GB each
+            if stale != destination:
+                shutil.rmtree(stale, ignore_errors=True)
     return destination
 
 
