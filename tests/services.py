@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -338,8 +339,11 @@ def _cached_download(name: str, requirements_file: Path, *options: str) -> Path:
     destination = CACHE / f"{name}-{key}"
     if not destination.is_dir():
         _pip_download(["-r", str(requirements_file)], destination, *options)
-        for stale in CACHE.glob(f"{name}-*"):  # an earlier lock's wheels: up to 3 GB each
-            if stale != destination:
+        # An earlier lock's wheels (up to 3 GB each): finished folders of this name alone,
+        # not another download's `.partial` nor a longer name that starts with this one.
+        earlier = re.compile(rf"{re.escape(name)}-[0-9a-f]{{12}}")
+        for stale in CACHE.iterdir():
+            if stale != destination and earlier.fullmatch(stale.name):
                 shutil.rmtree(stale, ignore_errors=True)
     return destination
 
