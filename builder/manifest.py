@@ -63,6 +63,7 @@ def build_manifest(
             "fork_branch": fork.branch,
             "submodules": {s.path: s.commit for s in fork.checkout.submodules},
         }
+
     def wheel_record(name: str, wheel: BuiltWheel) -> dict:
         return {
             "filename": wheel.filename,

@@ -145,7 +145,7 @@ def release_commit(repo: pygit2.Repository, fork: Fork, wheel: Path, what: str) 
     if commit != fork.commit:
         raise BuilderError(
             f"{what}: the files of {release.filename} make commit {commit}, the pin says "
-            f"{fork.commit} (set commit = \"{commit}\" if the file is the one you meant)"
+            f'{fork.commit} (set commit = "{commit}" if the file is the one you meant)'
         )
     repo.references.create(f"refs/releases/{release.filename}", commit, force=True)
     return commit

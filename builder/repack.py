@@ -31,9 +31,7 @@ def _tree_files(repo: pygit2.Repository, tree: pygit2.Tree, prefix: str = ""):
             raise BuilderError(f"{path}: a {entry.filemode!r} entry cannot go into a wheel")
 
 
-def repack(
-    repo: pygit2.Repository, commit: str, fork: Fork, version: str, outdir: Path
-) -> Path:
+def repack(repo: pygit2.Repository, commit: str, fork: Fork, version: str, outdir: Path) -> Path:
     """The fork wheel for `commit`, written into `outdir`; returns its path."""
     assert fork.release is not None
     files = {path: (data, executable) for path, data, executable in _tree_files(

@@ -273,7 +273,7 @@ def _backend_env(build: _Reader) -> dict[str, str]:
     table = build.get("env", dict, {})
     for name, value in table.items():
         if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name) or not isinstance(value, str):
-            raise build.fail(f"env.{name}", "must be NAME = \"string\"")
+            raise build.fail(f"env.{name}", 'must be NAME = "string"')
     return dict(table)
 
 

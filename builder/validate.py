@@ -103,9 +103,7 @@ def server_url(what: str, value: str) -> str:
     if parts is None:
         raise BuilderError(f"{what} '{redact(value)}': expected http://HOST:PORT")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise BuilderError(
-            f"{what} '{redact(value)}': give the server root, e.g. http://HOST:PORT"
-        )
+        raise BuilderError(f"{what} '{redact(value)}': give the server root, e.g. http://HOST:PORT")
     return value.rstrip("/")
 
 

@@ -119,7 +119,6 @@ def verify(client: docker.DockerClient, reference: str) -> tuple[dict, list[Chec
     return recipe, checks
 
 
-
 def against_manifest(client: docker.DockerClient, reference: str, recipe: dict, record: dict):
     """The image and its wheels as the build host's manifest recorded them, not only as the
     image says of itself: a pulled image whose recipe was rewritten along with its files

@@ -37,6 +37,7 @@ def validate_manifest(manifest: dict) -> None:
     schema = json.loads((REPO_ROOT / "manifests/schema-v1.json").read_text())
     jsonschema.validate(manifest, schema, format_checker=jsonschema.FormatChecker())
 
+
 # The integration suite builds the sm120 image family from what PyPI has as source: the
 # sglang 0.5.9 and flashinfer 0.6.3 sdists, i.e. target sm120-0.5.9. Every builder run in
 # it (in-process or not) defaults to that target; tests of the current target (sglang
@@ -240,8 +241,10 @@ def seed_cache(
     for folder in folders:
         for path in sorted((source / folder).rglob("*")):
             relative = path.relative_to(source)
-            if path.is_dir() or path.suffix == ".lock" or any(
-                part.startswith(".") for part in relative.parts
+            if (
+                path.is_dir()
+                or path.suffix == ".lock"
+                or any(part.startswith(".") for part in relative.parts)
             ):
                 continue
             link = builder.cache_dir / relative

@@ -316,7 +316,10 @@ class _Evaluator:
             tgt = stmt.targets[0]
             if not isinstance(tgt, ast.Name) or tgt.id.startswith("_"):
                 continue
-            if isinstance(stmt.value, ast.Call) and ast.unparse(stmt.value.func) in ("auto", "enum.auto"):
+            if isinstance(stmt.value, ast.Call) and ast.unparse(stmt.value.func) in (
+                "auto",
+                "enum.auto",
+            ):
                 auto += 1
                 value = auto
             else:
@@ -439,7 +442,9 @@ class _Evaluator:
         if isinstance(func, _Ext) and func.qualname.startswith("builtins."):
             name = func.qualname.split(".", 1)[1]
             if name in _BUILTIN_CALLS:
-                return _BUILTIN_CALLS[name](*[list(self.iterate(a)) if isinstance(a, _ClassRef) else a for a in args])
+                return _BUILTIN_CALLS[name](
+                    *[list(self.iterate(a)) if isinstance(a, _ClassRef) else a for a in args]
+                )
         if isinstance(func, _Bound) and isinstance(func.obj, str):
             return getattr(func.obj, func.attr)(*args)
         if isinstance(func, _FuncRef):
@@ -528,7 +533,11 @@ def _is_list(ev: _Evaluator, node: ast.AST, module: str) -> bool:
 
 
 def _is_bool(ev: _Evaluator, node: ast.AST, module: str) -> bool:
-    return isinstance(node, ast.Name) and node.id == "bool" and _qual(ev, node, module) in ("bool", "builtins.bool")
+    return (
+        isinstance(node, ast.Name)
+        and node.id == "bool"
+        and _qual(ev, node, module) in ("bool", "builtins.bool")
+    )
 
 
 class _Registry:
@@ -546,10 +555,14 @@ class _Registry:
             self.flags[opt] = Flag(option=opt, option_strings=tuple(option_strings), **kw)
 
 
-def _arg_kwargs(ev: _Evaluator, call: ast.Call, module: str) -> tuple[dict[str, Any], dict[str, str]]:
+def _arg_kwargs(
+    ev: _Evaluator, call: ast.Call, module: str
+) -> tuple[dict[str, Any], dict[str, str]]:
     """Evaluate Arg(...) keywords; returns (values, unresolved reasons)."""
     if call.args:
-        raise ExtractionError(f"Arg(...) with positional args at {ev.tree.rel(module, call.lineno)}")
+        raise ExtractionError(
+            f"Arg(...) with positional args at {ev.tree.rel(module, call.lineno)}"
+        )
     values: dict[str, Any] = {}
     failed: dict[str, str] = {}
     for kw in call.keywords:
@@ -598,7 +611,10 @@ def _field_flags(ev: _Evaluator, reg: _Registry, ref: _ClassRef) -> None:
         raw_type, metas = parts[0], parts[1:]
         meta: ast.AST | None = None
         for m in metas:
-            if isinstance(m, ast.Call) and _qual(ev, m.func, ref.module) == "sglang.srt.arg_groups.arg_utils.Arg":
+            if (
+                isinstance(m, ast.Call)
+                and _qual(ev, m.func, ref.module) == "sglang.srt.arg_groups.arg_utils.Arg"
+            ):
                 meta = m
                 break
             if isinstance(m, (ast.Constant, ast.JoinedStr, ast.BinOp)):
@@ -612,7 +628,9 @@ def _field_flags(ev: _Evaluator, reg: _Registry, ref: _ClassRef) -> None:
             arg, failed = _arg_kwargs(ev, meta, ref.module)
             bad = [k for k in _NEEDS_LITERAL if k in failed]
             if bad:
-                raise ExtractionError(f"cannot evaluate Arg({', '.join(bad)}) at {origin}: {failed}")
+                raise ExtractionError(
+                    f"cannot evaluate Arg({', '.join(bad)}) at {origin}: {failed}"
+                )
         else:
             arg, failed = {}, {}
         if arg.get("no_cli") is True:
@@ -624,8 +642,14 @@ def _field_flags(ev: _Evaluator, reg: _Registry, ref: _ClassRef) -> None:
 
         action = arg.get("action")
         if action is not None:
-            aq = action.qualname if isinstance(action, _Ext) else (
-                f"{action.module}.{action.node.name}" if isinstance(action, _ClassRef) else repr(action)
+            aq = (
+                action.qualname
+                if isinstance(action, _Ext)
+                else (
+                    f"{action.module}.{action.node.name}"
+                    if isinstance(action, _ClassRef)
+                    else repr(action)
+                )
             )
             akw = arg.get("action_kwargs") or {}
             if aq == "argparse.BooleanOptionalAction":
@@ -781,9 +805,9 @@ def _manual_flag(
             help_text = ev.eval(help_node, module, local)
         except _Unresolvable:
             help_text = ""
-    deprecated = aq.rsplit(".", 1)[-1].startswith("Deprecated") or str(help_text).lstrip("(").startswith(
-        "Deprecated"
-    )
+    deprecated = aq.rsplit(".", 1)[-1].startswith("Deprecated") or str(help_text).lstrip(
+        "("
+    ).startswith("Deprecated")
     choices = None
     unresolved = ""
     conditional: tuple[Any, ...] = ()
@@ -825,7 +849,9 @@ def _manual_flag(
     )
 
 
-def _walk_add_cli_args(ev: _Evaluator, reg: _Registry, fn: ast.FunctionDef, namespaces: list[_ClassRef]) -> None:
+def _walk_add_cli_args(
+    ev: _Evaluator, reg: _Registry, fn: ast.FunctionDef, namespaces: list[_ClassRef]
+) -> None:
     module = SERVER_ARGS_MODULE
     if not fn.args.args:
         raise ExtractionError("add_cli_args has no parser parameter")
@@ -866,11 +892,16 @@ def _walk_add_cli_args(ev: _Evaluator, reg: _Registry, fn: ast.FunctionDef, name
                     func = ev.eval(call.func, module, local)
                 except _Unresolvable:
                     func = None
-                if isinstance(func, _FuncRef) and f"{func.module}.{func.node.name}" == ARG_UTILS_ADD:
+                if (
+                    isinstance(func, _FuncRef)
+                    and f"{func.module}.{func.node.name}" == ARG_UTILS_ADD
+                ):
                     if conditional or len(call.args) != 2 or call.keywords:
                         raise ExtractionError("unexpected add_cli_args_from_dataclass call")
                     if ast.unparse(call.args[1]) != "ServerArgs":
-                        raise ExtractionError("add_cli_args_from_dataclass on a class other than ServerArgs")
+                        raise ExtractionError(
+                            "add_cli_args_from_dataclass on a class other than ServerArgs"
+                        )
                     for ns in namespaces:
                         _field_flags(ev, reg, ns)
                     continue
@@ -918,7 +949,10 @@ def parser_settings(package_dir: pathlib.Path) -> dict[str, Any]:
     for stmt in mod.body:
         if isinstance(stmt, ast.FunctionDef) and stmt.name == "prepare_server_args":
             for node in ast.walk(stmt):
-                if isinstance(node, ast.Call) and ast.unparse(node.func) == "argparse.ArgumentParser":
+                if (
+                    isinstance(node, ast.Call)
+                    and ast.unparse(node.func) == "argparse.ArgumentParser"
+                ):
                     out = {"add_help": True, "allow_abbrev": True, "prefix_chars": "-"}
                     for k in node.keywords:
                         out[k.arg] = ast.literal_eval(k.value)
@@ -943,8 +977,14 @@ def server_flags(package_dir: pathlib.Path) -> dict[str, Flag]:
     reg = _Registry()
     settings = parser_settings(package_dir)
     if settings.get("add_help", True):
-        reg.add(["-h", "--help"], dest="help", kind="help", takes_value=False, source="argparse",
-                origin=settings["origin"])
+        reg.add(
+            ["-h", "--help"],
+            dest="help",
+            kind="help",
+            takes_value=False,
+            source="argparse",
+            origin=settings["origin"],
+        )
     mod = tree.module_ast(SERVER_ARGS_MODULE)
     cls = _find_class(mod, "ServerArgs")
     fn = _find_method(cls, "add_cli_args")
@@ -966,13 +1006,20 @@ def server_args_fields(package_dir: pathlib.Path) -> list[str]:
 
     def walk(ref: _ClassRef) -> None:
         for base in ref.node.bases:
-            val = ev.eval(base, ref.module) if _qual(ev, base, ref.module) != "msgspec.Struct" else None
+            val = (
+                ev.eval(base, ref.module)
+                if _qual(ev, base, ref.module) != "msgspec.Struct"
+                else None
+            )
             if isinstance(val, _ClassRef):
                 walk(val)
         for stmt in ref.node.body:
             if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
                 ann = stmt.annotation
-                if isinstance(ann, ast.Subscript) and _qual(ev, ann.value, ref.module) == "typing.ClassVar":
+                if (
+                    isinstance(ann, ast.Subscript)
+                    and _qual(ev, ann.value, ref.module) == "typing.ClassVar"
+                ):
                     continue
                 if stmt.target.id not in names:
                     names.append(stmt.target.id)
@@ -1003,8 +1050,19 @@ if __name__ == "__main__":  # pragma: no cover
     import sys
 
     result = server_flags(pathlib.Path(sys.argv[1]))
-    print(json.dumps(
-        {k: {"dest": v.dest, "kind": v.kind, "choices": v.choices, "deprecated": v.deprecated,
-             "origin": v.origin} for k, v in result.items()},
-        indent=1, default=list,
-    ))
+    print(
+        json.dumps(
+            {
+                k: {
+                    "dest": v.dest,
+                    "kind": v.kind,
+                    "choices": v.choices,
+                    "deprecated": v.deprecated,
+                    "origin": v.origin,
+                }
+                for k, v in result.items()
+            },
+            indent=1,
+            default=list,
+        )
+    )

@@ -40,6 +40,7 @@ def test_concurrent_writers_of_one_file_all_finish_and_leave_one_whole_file(
     assert len(data) == 200_000 and len(set(data)) == 1
     assert len(set(destination.with_suffix(".json").read_text().split())) == 1
     assert sorted(p.name for p in destination.parent.iterdir()) == [
-        destination.with_suffix(".json").name, destination.name
+        destination.with_suffix(".json").name,
+        destination.name,
     ]
     assert oct(destination.stat().st_mode & 0o777) == "0o644"

@@ -230,7 +230,9 @@ def test_the_sglang_wheel_is_the_release_repacked_with_the_series(
     version; a second build from an empty cache gives the same bytes."""
     _, sglang = sglang_built
     assert sglang["upstream_commit"] == PIN["commit"]
-    assert len(sglang["patches"]) == len(list((REPO_ROOT / "forks/sglang/patches/sm120").glob("*.patch")))
+    assert len(sglang["patches"]) == len(
+        list((REPO_ROOT / "forks/sglang/patches/sm120").glob("*.patch"))
+    )
     wheel = Path(sglang["wheel"]["path"])
     assert sglang["wheel"]["version"] == f"0.5.23+sm120.g{sglang['fork_commit'][:7]}"
     assert wheel.name.endswith("-cp312-cp312-manylinux_2_34_x86_64.whl")
@@ -259,9 +261,9 @@ def test_the_sglang_wheel_is_the_release_repacked_with_the_series(
         assert "api_key" in launch_command_patch
 
     again = _builder(tmp_path / "b", release_index)
-    second = json.loads(again.run("wheels", "--upstream", "sglang", "--json").stdout)[
-        "upstreams"
-    ]["sglang"]["wheel"]
+    second = json.loads(again.run("wheels", "--upstream", "sglang", "--json").stdout)["upstreams"][
+        "sglang"
+    ]["wheel"]
     assert second["sha256"] == sglang["wheel"]["sha256"] and not second["cached"]
 
 

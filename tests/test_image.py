@@ -82,11 +82,14 @@ def test_image_holds_patched_wheels_and_warm_kernels(built, docker_client) -> No
 
     inventory = image["jit_inventory"]
     assert inventory["arch_list"] == ["12.0a"]
-    assert {m["name"] for m in inventory["modules"]} == {"gelu_tanh_and_mul", "fp4_quantization_120"}
+    assert {m["name"] for m in inventory["modules"]} == {
+        "gelu_tanh_and_mul",
+        "fp4_quantization_120",
+    }
     # Real libraries with sm_120a device code (cuobjdump's reading), not stand-in bytes.
-    assert all(
-        m["arch"] == ["sm_120a"] and m["size"] > 10_000 for m in inventory["modules"]
-    ), inventory["modules"]
+    assert all(m["arch"] == ["sm_120a"] and m["size"] > 10_000 for m in inventory["modules"]), (
+        inventory["modules"]
+    )
     assert all(len(m["key"]) == 64 for m in inventory["modules"])
     assert {m["source"] for m in image["kernel_build"]["modules"]} == {"compiled"}
 
@@ -101,7 +104,7 @@ def test_container_loads_every_module_from_the_kernel_wheel_without_compiling(
         "import flashinfer\n"
         "from flashinfer.jit.activation import gen_act_and_mul_module\n"
         "from flashinfer.jit.fp4_quantization import gen_fp4_quantization_sm120_module\n"
-        "for spec in (gen_act_and_mul_module(\"gelu_tanh\"), gen_fp4_quantization_sm120_module()):\n"
+        'for spec in (gen_act_and_mul_module("gelu_tanh"), gen_fp4_quantization_sm120_module()):\n'
         "    spec.build_and_load()\n"
         "    print(spec.name, spec.aot_path, spec.jit_library_path.exists())\n"
     )

@@ -221,7 +221,9 @@ def test_verify_names_the_culprits_in_a_tampered_copy(
         failed = {name for name, c in checks.items() if not c["ok"]}
         assert failed == {"wheel flashinfer", "wheel kernels", "kernels load", "sbom", "pip check"}
         assert "flashinfer/jit/comm.py" in checks["wheel flashinfer"]["detail"]
-        assert "jit_cache/gelu_tanh_and_mul/gelu_tanh_and_mul.so" in checks["wheel kernels"]["detail"]
+        assert (
+            "jit_cache/gelu_tanh_and_mul/gelu_tanh_and_mul.so" in checks["wheel kernels"]["detail"]
+        )
         assert "gelu_tanh_and_mul.so" in checks["kernels load"]["detail"]
         assert "tabulate absent installed, SBOM says" in checks["sbom"]["detail"]
         text = bare_builder(tmp_path, docker_host, "verify", tampered, check=False).stdout

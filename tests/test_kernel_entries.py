@@ -103,7 +103,9 @@ def test_signatures_verify_only_with_a_trusted_key(tmp_path: Path, monkeypatch) 
     assert kernel_trust.verify(trusted, entry, signature)
     assert not kernel_trust.verify(trusted, entry + b"!", signature)
     monkeypatch.setenv(kernel_trust.SIGNING_KEY_ENV, str(other_key))
-    assert not kernel_trust.verify(trusted, entry, kernel_trust.sign(kernel_trust.signing_key(), entry))
+    assert not kernel_trust.verify(
+        trusted, entry, kernel_trust.sign(kernel_trust.signing_key(), entry)
+    )
     assert not kernel_trust.verify([], entry, signature)
 
 

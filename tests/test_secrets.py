@@ -203,8 +203,10 @@ def test_registry_credentials_go_to_their_registry_only(
     monkeypatch.setenv("BUILDER_REGISTRY_PASSWORD", "s3cret-pass")
     monkeypatch.setenv("BUILDER_REGISTRY_HOST", allowed)
     credentials = registry.auth(reference)
-    assert (credentials == {"username": "ci", "password": "s3cret-pass"}) if sent else (
-        credentials is None
+    assert (
+        (credentials == {"username": "ci", "password": "s3cret-pass"})
+        if sent
+        else (credentials is None)
     )
 
 

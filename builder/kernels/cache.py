@@ -115,8 +115,10 @@ class SharedKernels:
         finally:
             with contextlib.suppress(ImageNotFound, APIError, RequestException):
                 self.client.images.remove(reference, noprune=False)
-        if data is None or signature is None or not kernel_trust.verify(
-            self.trusted, data, signature
+        if (
+            data is None
+            or signature is None
+            or not kernel_trust.verify(self.trusted, data, signature)
         ):
             progress.warn(
                 f"kernel registry entry {reference} is not signed by a trusted key: "
