@@ -77,7 +77,7 @@ def _missing_names(path: Path, module: ModuleType) -> list[str]:
 
 
 @pytest.mark.parametrize("script", NAMED)
-def test_a_named_bench_loads_and_parses_its_arguments(
+def test_a_named_bench_loads_and_answers_help(
     script: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = BENCH / script
