@@ -60,7 +60,7 @@ class Upstreams:
         return f"https://github.com/={self.served}"
 
 
-# `scripts/test` runs two pytest workers (`-n 2 --dist loadgroup`), and both use one Docker
+# `scripts/test` runs three pytest workers (`-n 3 --dist loadgroup`), and all use one Docker
 # engine (tests/services.py `once_per_run`): one copy of the test runtime's gigabytes, built
 # once. The engine's tests are three groups, each run in order by one worker: the kernel
 # sharing tests (their images under a repository of their own), the current stack's image
@@ -131,7 +131,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def github() -> Upstreams:
     """The fixture upstreams (sglang 0.5.9, flashinfer 0.6.3 with its submodules), served by
-    one git daemon for the run (both workers only read them)."""
+    one git daemon for the run (the workers only read them)."""
     from tests.services import once_per_run
 
     def make(root: Path) -> dict:
@@ -236,7 +236,7 @@ def seed_cache(
     finds the pinned commits without a fetch and its `wheels` the keys without a build. For a
     build host whose fetch and wheel build are not what its test is about (libgit2 writes a
     repository's files anew and renames them, wheel entries are only read: no link is
-    written through). The other worker may be writing to `source` meanwhile: a file that
+    written through). Another worker may be writing to `source` meanwhile: a file that
     goes before it is linked (a temporary pack, a staging folder) is left out."""
     for folder in folders:
         for path in sorted((source / folder).rglob("*")):
@@ -274,7 +274,7 @@ def _fork_wheels_run(github: Upstreams) -> dict:
 def fork_wheels(github: Upstreams) -> Path:
     """A cache holding the suite's fork wheels (sglang 0.5.9, flashinfer 0.6.3) and the
     mirrors they came from, fetched and built by `builder wheels` from an empty cache once
-    per run, for both workers: what a test whose subject is neither the fetch nor the wheel
+    per run, for every worker: what a test whose subject is neither the fetch nor the wheel
     build seeds its own cache from (`seed_cache`)."""
     return Path(_fork_wheels_run(github)["cache"])
 

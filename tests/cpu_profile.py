@@ -73,7 +73,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
         "dockerd": round(_dockerd_seconds() - dockerd, 2),
         "machine_busy": [round(machine, 2), round(_machine_busy(), 2)],
     }
-    with open(out, "a") as handle:  # one short write per line: lines of two workers never mix
+    with open(out, "a") as handle:  # one short write per line: lines of the workers never mix
         handle.write(json.dumps(line) + "\n")
 
 

@@ -172,7 +172,7 @@ def stop_shared_services(shared: Path) -> None:
 
 
 def shared_dockerd() -> str:
-    """The run's engine (or BUILDER_TEST_DOCKER_HOST's), started once for both workers."""
+    """The run's engine (or BUILDER_TEST_DOCKER_HOST's), started once for every worker."""
     if reuse := os.environ.get("BUILDER_TEST_DOCKER_HOST"):
         return reuse
 

@@ -74,7 +74,7 @@ def release_index(sglang_release: Path, tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def flashinfer_upstream() -> tuple[str, str]:
     """flashinfer 0.7.2 as a git repository with its submodules, from the sdist, served by a
-    git daemon: (mirror, commit of the v0.7.2 tag). Made once for both workers: builder only
+    git daemon: (mirror, commit of the v0.7.2 tag). Made once for every worker: builder only
     reads it."""
 
     def make(root: Path) -> dict:
