@@ -339,13 +339,19 @@ def _cached_download(name: str, requirements_file: Path, *options: str) -> Path:
     destination = CACHE / f"{name}-{key}"
     if not destination.is_dir():
         _pip_download(["-r", str(requirements_file)], destination, *options)
-        # An earlier lock's wheels (up to 3 GB each): finished folders of this name alone,
-        # not another download's `.partial` nor a longer name that starts with this one.
-        earlier = re.compile(rf"{re.escape(name)}-[0-9a-f]{{12}}")
-        for stale in CACHE.iterdir():
-            if stale != destination and earlier.fullmatch(stale.name):
-                shutil.rmtree(stale, ignore_errors=True)
+        _remove_earlier(destination, key)  # an earlier lock's wheels: up to 3 GB each
     return destination
+
+
+def _remove_earlier(kept: Path, key: str) -> None:
+    """The cache's earlier versions of `kept`, named as it is but for another `key`: finished
+    ones alone, not another process's `.partial` or staging copy, nor a longer name that
+    starts the same."""
+    prefix, _, suffix = kept.name.partition(key)
+    earlier = re.compile(rf"{re.escape(prefix)}[0-9a-f]{{{len(key)}}}{re.escape(suffix)}")
+    for stale in kept.parent.iterdir():
+        if stale != kept and earlier.fullmatch(stale.name):
+            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
 
 
 def runtime_wheelhouse(lock: Path = IMAGE_RUNTIME_LOCK) -> Path:
@@ -404,9 +410,8 @@ def _debootstrap(destination: Path) -> Path:
     partial = archive.with_suffix(".partial")
     with tarfile.open(partial, "w") as tar:
         tar.add(staging, arcname=".")
-    for stale in CACHE.glob(f"rootfs-{DEBIAN_SUITE}-*.tar"):  # an earlier recipe's: a GB each
-        stale.unlink()
     partial.replace(archive)
+    _remove_earlier(archive, recipe)  # an earlier recipe's: a GB each
     shutil.rmtree(staging)
     return archive
 
@@ -463,11 +468,10 @@ def _base_archive(workdir: Path) -> Path:
         for arcname, path in additions.items():
             tar.add(path, arcname=arcname)
     shutil.rmtree(cuda)
-    for stale in CACHE.glob("test-base-*.tar"):
-        stale.unlink()
     partial = archive.with_name(f".{archive.name}-{os.getpid()}")
     shutil.move(image_tar, partial)
     partial.replace(archive)
+    _remove_earlier(archive, key)
     return archive
 
 
