@@ -64,6 +64,8 @@ class Recipe:
     experimental: bool
     warning: str
     params: tuple[tuple[str, str], ...] = ()  # the --set overrides this recipe was made with
+    model: str = ""  # as given on this machine: a hub id, or a local directory (mounted)
+    model_revision: str = ""  # the checkpoint revision the profile names (--revision)
 
     def docker_run(self, detach: bool = True) -> list[str]:
         command = ["docker", "run"]
@@ -128,6 +130,8 @@ class Recipe:
             "container_name": self.container_name,
             "experimental": self.experimental,
             "warning": self.warning or None,
+            "model": self.model or None,
+            "model_revision": self.model_revision or None,
             "args": list(self.args),
             "env": self.env,
             "volumes": [{"host": h, "container": c, "mode": m} for h, c, m in self.volumes],
@@ -173,6 +177,8 @@ def load_profiles(target_file: Path) -> tuple[dict[str, dict], str]:
     default = data.get("default", next(iter(profiles)))
     if default not in profiles:
         raise BuilderError(f"{path}: field 'default' names unknown profile '{default}'")
+    for name in profiles:
+        _fallback(_flatten(profiles, name, path), name, path)
     return profiles, default
 
 
@@ -188,10 +194,14 @@ def _flatten(profiles: dict[str, dict], name: str, path: Path | str, seen: tuple
         return profile
     parent = _flatten(profiles, parent_name, path, (*seen, name))
     merged = {**parent, **profile}
-    for table in ("params", "env", "expect"):
+    for table in ("params", "env", "expect", "fallback"):
         merged[table] = {**parent.get(table, {}), **profile.get(table, {})}
     merged["args"] = [*parent.get("args", []), *profile.get("extra_args", [])]
     merged.pop("extra_args", None)
+    # A profile adds refusals and sglang-chosen keys to its parent's, never drops one.
+    for listed in ("refuse", "chosen_by_sglang"):
+        if listed in parent and listed in profile:
+            merged[listed] = [*parent[listed], *profile[listed]]
     return merged
 
 
@@ -208,6 +218,53 @@ def profile_number(profile: dict, key: str, default: float, where: str) -> float
 def flattened(known: Profiles, name: str) -> dict:
     """One profile with what it inherits (`extends`), as written (params not filled in)."""
     return _flatten(known.profiles, name, known.where)
+
+
+FALLBACK_WHY = "why"
+
+
+def _fallback(profile: dict, name: str, path: Path | str) -> tuple[tuple[str, str], ...]:
+    """A profile's `[profiles.NAME.fallback]`: params to `--set` for one more try when a
+    start stalls where the `why` says (qualify --sweep uses it). Each key must be a param
+    of the profile, with a value other than its default."""
+    table = profile.get("fallback", {})
+    where = f"{path}: profile '{name}' fallback"
+    if not isinstance(table, dict):
+        raise BuilderError(f"{where} must be a table of params and a '{FALLBACK_WHY}'")
+    params = profile.get("params", {})
+    pairs = []
+    for key, value in table.items():
+        if key == FALLBACK_WHY:
+            continue
+        if key not in params:
+            raise BuilderError(
+                f"{where}: '{key}' is not a param of the profile (params: "
+                f"{', '.join(sorted(params))})"
+            )
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise BuilderError(f"{where}: '{key}' must be a string or a number")
+        if str(value) == str(params[key]):
+            raise BuilderError(f"{where}: '{key}' = {value!r} is already the param's default")
+        pairs.append((key, str(value)))
+    why = table.get(FALLBACK_WHY, "")
+    if pairs and not (isinstance(why, str) and why.strip()):
+        raise BuilderError(f"{where}: '{FALLBACK_WHY}' must say when the fallback applies")
+    if not pairs and why:
+        raise BuilderError(f"{where}: a '{FALLBACK_WHY}' without any param to set")
+    return tuple(pairs)
+
+
+def fallback_params(known: Profiles, name: str) -> tuple[tuple[str, str], ...]:
+    """The params (key, value) a profile declares to `--set` once when a start stalls at
+    CUDA-graph capture; () when it declares none."""
+    return _fallback(flattened(known, name), name, known.where)
+
+
+def fallback_why(known: Profiles, name: str) -> str:
+    """Why the profile's fallback exists (its table's `why`); '' when it declares none."""
+    profile = flattened(known, name)
+    _fallback(profile, name, known.where)
+    return str(profile.get("fallback", {}).get(FALLBACK_WHY, ""))
 
 
 def _substitute(value: Any, params: dict[str, str], where: str, path: Path | str) -> Any:
@@ -245,7 +302,7 @@ def resolve(
 
     volumes: list[tuple[str, str, str]] = []
     model = overrides.model or params.get("model", "")
-    if model.startswith(("/", "./", "~")):
+    if is_local_model(model):
         local = str(Path(model).expanduser())
         in_container = f"{CONTAINER_MODEL_DIR}/{Path(local).name}"
         volumes.append((local, in_container, "ro"))
@@ -296,7 +353,14 @@ def resolve(
         experimental=bool(profile.get("experimental", False)),
         warning=profile.get("warning", ""),
         params=overrides.params,
+        model=model,
+        model_revision=params.get("model_revision", ""),
     )
+
+
+def is_local_model(model: str) -> bool:
+    """A directory on this machine (mounted into the container), not a hub id."""
+    return model.startswith(("/", "./", "~"))
 
 
 def _flag_values(args: list[str], flag: str) -> list[str]:

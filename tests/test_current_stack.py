@@ -156,6 +156,32 @@ def test_every_flag_a_profile_renders_is_an_option_of_sglang_0_5_23(
     assert set(recipe.expect) <= fields, set(recipe.expect) - fields
 
 
+def _with_fallback() -> list[str]:
+    known = launch.Profiles.of(REPO_ROOT / "images" / TARGET / "target.toml")
+    return [name for name in known.profiles if launch.fallback_params(known, name)]
+
+
+@pytest.mark.parametrize("profile", _with_fallback())
+def test_every_fallback_renders_options_of_sglang_0_5_23(sglang_source: Path, profile: str) -> None:
+    """What `qualify --sweep` tries once when a start stalls is a command sglang 0.5.23
+    takes: the profile resolved with its fallback params, every value among its option's
+    choices (tc_piecewise, the backend of the field report, is not one any more)."""
+    options = sglang_flags.server_flags(sglang_source)
+    assert "tc_piecewise" not in options["--cuda-graph-backend-decode"].choices
+    known = launch.Profiles.of(REPO_ROOT / "images" / TARGET / "target.toml")
+    params = launch.fallback_params(known, profile)
+    assert launch.fallback_why(known, profile)
+    recipe = launch.resolve(known, profile, "i@sha256:" + "0" * 64, launch.Overrides(params=params))
+    args = list(recipe.args)
+    for key, value in params:
+        assert value in args, f"{profile}: fallback {key}={value} is not on the command line"
+    for position, word in enumerate(args):
+        option = options.get(word) if word.startswith("--") else None
+        if option is not None and option.takes_value and option.choices is not None:
+            assert args[position + 1] in option.choices, f"{profile}: {word} {args[position + 1]}"
+    assert recipe.expect["cuda_graph_backend_decode"] == "breakable"
+
+
 def test_the_old_stack_s_attention_workaround_is_not_in_the_current_profiles() -> None:
     for profile in _profiles():
         recipe = launch.resolve(

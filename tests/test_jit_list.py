@@ -20,13 +20,6 @@ from builder.target import available_targets, load_target
 from tests.conftest import REPO_ROOT
 
 
-def _flattened(profiles: dict, name: str) -> dict:
-    """The profile with what it inherits (`extends`)."""
-    profile = dict(profiles[name])
-    parent = profile.pop("extends", None)
-    return {**_flattened(profiles, parent), **profile} if parent else profile
-
-
 def _data_copy(tmp_path: Path) -> Path:
     for folder in ("images", "forks"):
         shutil.copytree(REPO_ROOT / folder, tmp_path / folder)
@@ -43,11 +36,11 @@ def test_the_list_and_the_profiles_agree(target_name: str) -> None:
 @pytest.mark.parametrize("target_name", available_targets(REPO_ROOT))
 def test_profiles_ask_for_what_they_expect(target_name: str) -> None:
     target = load_target(REPO_ROOT, target_name)
-    profiles, _ = launch.load_profiles(target.file)
-    for name in profiles:
-        recipe = launch.resolve(target.file, name, "i@sha256:" + "0" * 64, launch.Overrides())
+    known = launch.Profiles.of(target.file)
+    for name in known.profiles:
+        recipe = launch.resolve(known, name, "i@sha256:" + "0" * 64, launch.Overrides())
         args = recipe.args
-        chosen_by_sglang = _flattened(profiles, name).get("chosen_by_sglang", [])
+        chosen_by_sglang = launch.flattened(known, name).get("chosen_by_sglang", [])
         for key, value in recipe.expect.items():
             flag = "--" + key.replace("_", "-")
             if key == "tp_size":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -368,3 +369,64 @@ def test_what_a_container_was_launched_with_reads_back_from_its_labels() -> None
     assert profile == "glm5-nvfp4-tp8-fusion"
     assert dict(params) == {"kv_cache_dtype": "bf16", "port": "9000"}, "--set wins"
     assert launch.launched_with({}, ()) == (None, ())
+
+
+# -- the fallback a profile declares for a stalled start (qualify --sweep tries it once) --
+
+
+def test_every_glm5_family_profile_falls_back_to_breakable_decode_graphs() -> None:
+    """The default decode capture is `full`; the declared fallback, inherited through
+    `extends`, sets the one param to `breakable`, and the recipe it makes asks for it."""
+    known = launch.Profiles.of(CURRENT)
+    assert len(known.profiles) == 3
+    for name in known.profiles:
+        assert launch.fallback_params(known, name) == (("cuda_graph_backend_decode", "breakable"),)
+        assert "full decode CUDA-graph capture hung" in launch.fallback_why(known, name)
+        plain = launch.resolve(known, name, IMAGE, launch.Overrides())
+        assert _flag(plain.args, "--cuda-graph-backend-decode") == "full"
+        fallback = launch.resolve(
+            known, name, IMAGE, launch.Overrides(params=launch.fallback_params(known, name))
+        )
+        assert _flag(fallback.args, "--cuda-graph-backend-decode") == "breakable"
+        assert fallback.expect["cuda_graph_backend_decode"] == "breakable"
+    old = launch.Profiles.of(TARGET)  # the 0.5.9 stack declares none
+    assert launch.fallback_params(old, "glm5-nvfp4-tp8") == ()
+    assert launch.fallback_why(old, "glm5-nvfp4-tp8") == ""
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('why = "w"\ncuda_graph_backend = "breakable"',
+         "fallback: 'cuda_graph_backend' is not a param of the profile (params: "),
+        ('cuda_graph_backend_decode = "breakable"',
+         "fallback: 'why' must say when the fallback applies"),
+        ('why = "w"\ncuda_graph_backend_decode = "full"',
+         "fallback: 'cuda_graph_backend_decode' = 'full' is already the param's default"),
+        ('why = "w"', "fallback: a 'why' without any param to set"),
+        ('why = "w"\ncuda_graph_backend_decode = true',
+         "fallback: 'cuda_graph_backend_decode' must be a string or a number"),
+    ],
+)  # fmt: skip
+def test_a_bad_fallback_table_is_refused_when_the_profiles_load(
+    tmp_path: Path, table: str, message: str
+) -> None:
+    target = tmp_path / "images/sm120/target.toml"
+    shutil.copytree(REPO_ROOT / "images/sm120", target.parent)
+    profiles = target.parent / "profiles.toml"
+    text = profiles.read_text()
+    start = text.index("[profiles.glm5-nvfp4-tp8.fallback]")
+    end = text.index("[profiles.glm5-nvfp4-tp8-pcie-ar]")
+    profiles.write_text(
+        text[:start] + f"[profiles.glm5-nvfp4-tp8.fallback]\n{table}\n\n" + text[end:]
+    )
+    with pytest.raises(BuilderError) as refused:
+        launch.Profiles.of(target)
+    assert str(refused.value).startswith(f"{profiles}: profile 'glm5-nvfp4-tp8' {message}")
+    # An image's recipe is not loaded from a file: the table is checked where it is used.
+    from_image = launch.Profiles(tomllib.loads(profiles.read_text())["profiles"],
+                                 "glm5-nvfp4-tp8", "image:recipe")  # fmt: skip
+    with pytest.raises(
+        BuilderError, match="image:recipe: profile 'glm5-nvfp4-tp8-pcie-ar' fallback"
+    ):
+        launch.fallback_params(from_image, "glm5-nvfp4-tp8-pcie-ar")
