@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import progress, validate
+from builder import model_check, progress, validate
 from builder.errors import BuilderError
 from builder.target import load_toml
 
@@ -322,6 +322,13 @@ def resolve(
     args += list(overrides.extra_args)
     _check_refusals(profile.get("refuse", []), args, name, path)
     _refuse_contradictions(profile["args"], rendered, overrides.extra_args, name)
+    model_check.check_speculative_settings(args, f"profile '{name}'")
+    pattern = model_check.index_topk_pattern(args, f"profile '{name}'")
+    if pattern is not None:
+        layers = profile.get("model_layers")
+        if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int)):
+            raise BuilderError(f"{path}: profile '{name}' field 'model_layers' must be a number")
+        model_check.check_pattern(pattern, layers, f"profile '{name}'")
     env = {
         k: _substitute(str(v), params, f"env {k}", path) for k, v in profile.get("env", {}).items()
     }

@@ -182,6 +182,49 @@ def test_every_fallback_renders_options_of_sglang_0_5_23(sglang_source: Path, pr
     assert recipe.expect["cuda_graph_backend_decode"] == "breakable"
 
 
+def _sglang_function(package: Path, module: str, *names: str) -> dict:
+    """Functions of one sglang module, taken from its source and run as they are (the
+    module itself needs torch and transformers to import): name -> function."""
+    import typing
+
+    tree = ast.parse((package / module).read_text())
+    kept = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in names]
+    assert {node.name for node in kept} == set(names), f"{module}: {names} moved"
+    namespace: dict = {"PretrainedConfig": object, **vars(typing)}
+    exec(compile(ast.Module(body=kept, type_ignores=[]), module, "exec"), namespace)
+    return {name: namespace[name] for name in names}
+
+
+def test_the_index_pattern_letters_mean_what_sglang_0_5_23_reads(sglang_source: Path) -> None:
+    """sglang's own `dsa_layer_skips_topk` on GLM-5.2-shaped configs: S (and indexer_types
+    "shared") reuses the previous layer's top-k, F computes its own, indexer_types wins over
+    a pattern, and the layers past a short pattern's end silently compute their own, which
+    is why `launch` refuses one."""
+    from types import SimpleNamespace
+
+    from builder import model_check
+    from tests.test_model_check import GLM52_PATTERN, glm52_indexer_types
+
+    names = ("_hf_arch", "_hf_attr", "is_deepseek_dsa", "dsa_layer_skips_topk")
+    found = _sglang_function(sglang_source, "srt/configs/model_config.py", *names)
+    skips = found["dsa_layer_skips_topk"]
+    glm = {"architectures": ["GlmMoeDsaForCausalLM"], "index_topk": 2048}  # DSA needs both
+
+    def schedule(config: SimpleNamespace) -> str:
+        return "".join("S" if skips(config, layer) else "F" for layer in range(78))
+
+    assert schedule(SimpleNamespace(**glm, index_topk_pattern=GLM52_PATTERN)) == GLM52_PATTERN
+    declared = SimpleNamespace(**glm, indexer_types=glm52_indexer_types(),
+                               index_topk_pattern="F" * 78)  # fmt: skip
+    assert (
+        schedule(declared)
+        == GLM52_PATTERN
+        == model_check.pattern_of_indexer_types(glm52_indexer_types(), "t")
+    )
+    short = schedule(SimpleNamespace(**glm, index_topk_pattern=GLM52_PATTERN[:70]))
+    assert short == GLM52_PATTERN[:70] + "F" * 8  # no error: the tail just stops sharing
+
+
 def test_the_old_stack_s_attention_workaround_is_not_in_the_current_profiles() -> None:
     for profile in _profiles():
         recipe = launch.resolve(

@@ -378,7 +378,7 @@ def test_every_glm5_family_profile_falls_back_to_breakable_decode_graphs() -> No
     """The default decode capture is `full`; the declared fallback, inherited through
     `extends`, sets the one param to `breakable`, and the recipe it makes asks for it."""
     known = launch.Profiles.of(CURRENT)
-    assert len(known.profiles) == 3
+    assert len(known.profiles) == 7
     for name in known.profiles:
         assert launch.fallback_params(known, name) == (("cuda_graph_backend_decode", "breakable"),)
         assert "full decode CUDA-graph capture hung" in launch.fallback_why(known, name)
@@ -430,3 +430,17 @@ def test_a_bad_fallback_table_is_refused_when_the_profiles_load(
         BuilderError, match="image:recipe: profile 'glm5-nvfp4-tp8-pcie-ar' fallback"
     ):
         launch.fallback_params(from_image, "glm5-nvfp4-tp8-pcie-ar")
+
+
+def test_refusals_and_sglang_s_choices_add_up_through_extends() -> None:
+    """The MTP profile adds its own refusals and sglang-chosen keys; its parent's stay."""
+    known = launch.Profiles.of(CURRENT)
+    mtp = launch.flattened(known, "glm52-nvfp4-tp8-mtp")
+    assert {rule["flag"] for rule in mtp["refuse"]} == {
+        "--kv-cache-dtype", "--attention-backend", "--speculative-eagle-topk"
+    }  # fmt: skip
+    assert set(mtp["chosen_by_sglang"]) == {"attention_backend", "dsa_prefill_backend",
+        "dsa_decode_backend", "sampling_backend", "speculative_moe_runner_backend"}  # fmt: skip
+    with pytest.raises(BuilderError, match="dense FlashInfer MLA"):
+        launch.resolve(known, "glm52-nvfp4-tp8-mtp", IMAGE,
+                       launch.Overrides(extra_args=("--attention-backend", "flashinfer")))  # fmt: skip

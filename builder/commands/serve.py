@@ -32,6 +32,7 @@ docker_client = lazy_module("builder.docker_client")
 image_recipe = lazy_module("builder.recipe")
 launch = lazy_module("builder.launch")
 manifest = lazy_module("builder.manifest")
+model_check = lazy_module("builder.model_check")
 packs = lazy_module("builder.kernels.packs")
 progress = lazy_module("builder.progress")
 readiness = lazy_module("builder.readiness")
@@ -83,13 +84,16 @@ def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
     if args.image:
         profiles = image_recipe.profiles_of(image_recipe.launch_recipe(args.image), args.image)
         recipe = launch.resolve(profiles, args.profile, args.image, overrides)
+        check_checkpoint(recipe, args.hf_cache)
         source = f"{args.image}:{image_recipe.RECIPE_PATH}"
         say_receipt(None, args.image)
     else:
         data_dir = resolve_data_dir(args.data_dir)
         target = load_target(data_dir, args.target)
-        # Profile, params and port are checked before any manifest is looked for.
+        # Profile, params, port and the checkpoint are checked before any manifest is
+        # looked for.
         recipe = launch.resolve(target.file, args.profile, "-", overrides)
+        check_checkpoint(recipe, args.hf_cache)
         directory = manifest.manifest_dir(data_dir, args.manifest_dir, target.name)
         path = Path(args.manifest) if args.manifest else manifest.latest_with_image(directory)
         record = manifest.load(path)
@@ -103,6 +107,18 @@ def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
     if recipe.experimental:
         progress.warn(f"profile {recipe.profile} is EXPERIMENTAL: {recipe.warning}")
     return recipe, source
+
+
+def check_checkpoint(recipe: launch.Recipe, hf_cache: str) -> None:
+    """The checkpoint on this machine against the recipe (index pattern, MTP weights)."""
+    model_check.check_checkpoint(
+        recipe.profile,
+        recipe.args,
+        recipe.model,
+        launch.is_local_model(recipe.model),
+        recipe.model_revision,
+        hf_cache,
+    )
 
 
 def say_receipt(client, image: str) -> str | None:
