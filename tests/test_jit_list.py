@@ -8,6 +8,7 @@ from /server_info, and the profile's arguments must ask for them.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -118,3 +119,54 @@ def test_a_renamed_kernel_pack_is_refused(tmp_path: Path) -> None:
     pack.rename(tmp_path / "flashinfer-0.6.3+sm120.gabc-120a-000000000000.kernel-pack.json")
     with pytest.raises(BuilderError, match=r"its name does not match its content"):
         packs.packs_for(tmp_path, "0.6.3+sm120.gabc", ("12.0a",))
+
+
+MTP_PROFILES = ("glm5-nvfp4-tp8-mtp", "glm5-nvfp4-tp8-pcie-ar-mtp", "glm52-nvfp4-tp8-mtp")
+
+
+def test_each_profile_s_modules_cover_its_draft_and_verify() -> None:
+    """MTP loads no FlashInfer module of its own on SM120: the draft's BF16 experts run in
+    fused_moe_120, its attention in sparse_mla_sm120, the verify's renormalisation in
+    sampling. `jit list` shows each profile's modules."""
+    by_profile = jit_list.modules_by_profile(load_target(REPO_ROOT, "sm120"))
+    plain = set(by_profile["glm5-nvfp4-tp8"])
+    assert len(plain) == 5
+    for name in MTP_PROFILES:
+        assert plain <= set(by_profile[name]), name
+    assert set(by_profile["glm5-nvfp4-tp8-pcie-ar-mtp"]) - plain == {
+        "flashinfer.jit.comm:gen_pcie_ipc_comm_module"
+    }
+    assert by_profile["glm52-nvfp4-tp8-mtp"] == by_profile["glm52-nvfp4-tp8"]
+
+
+def test_a_draft_moe_setting_without_its_module_is_named_per_profile(tmp_path: Path) -> None:
+    """The draft's MoE runner is chosen by sglang (the target's) and read back as
+    speculative_moe_runner_backend: a list that drops it fails for every MTP profile."""
+    data = _data_copy(tmp_path)
+    toml = data / "images/sm120/target.toml"
+    text = toml.read_text()
+    toml.write_text(text.replace(" | speculative_moe_runner_backend=flashinfer_cutlass", ""))
+    problems = jit_list.disagreements(load_target(data, "sm120"))
+    assert problems == [
+        f"profile {name}: speculative_moe_runner_backend=flashinfer_cutlass loads FlashInfer, "
+        "no module listed"
+        for name in MTP_PROFILES
+    ]
+
+
+def test_jit_list_prints_the_modules_of_each_profile(tmp_path: Path) -> None:
+    from tests.conftest import Builder
+
+    data = _data_copy(tmp_path)
+    builder = Builder(data, tmp_path / "cache", "unused=unused", tmp_path / "wheelhouse")
+    listed = json.loads(builder.run("jit list", "--target", "sm120", "--json").stdout)
+    assert listed["disagreements"] == []
+    assert set(listed["profiles"]) == set(
+        launch.load_profiles(data / "images/sm120/target.toml")[0]
+    )
+    assert (
+        "flashinfer.jit.fused_moe:gen_cutlass_fused_moe_sm120_module"
+        in (listed["profiles"]["glm5-nvfp4-tp8-mtp"])
+    )
+    text = builder.run("jit list", "--target", "sm120").stdout
+    assert "profile glm52-nvfp4-tp8-mtp: 5 module(s): gen_sparse_mla_sm120_module, " in text

@@ -30,9 +30,20 @@ def cmd_jit_list(args: argparse.Namespace) -> None:
         {"generator": m.generator, "loaded_when": m.loaded_when, "call_site": m.call_site}
         for m in target.jit
     ]
+    by_profile = jit_list.modules_by_profile(target)
     lines = [f"{m['generator']}\n    when {m['loaded_when']}: {m['call_site']}" for m in modules]
+    lines += [
+        f"profile {profile}: {len(loaded)} module(s): "
+        + ", ".join(generator.split(":")[-1] for generator in loaded)
+        for profile, loaded in by_profile.items()
+    ]
     lines += [f"DISAGREES: {problem}" for problem in problems]
-    result = {"target": target.name, "modules": modules, "disagreements": problems}
+    result = {
+        "target": target.name,
+        "modules": modules,
+        "profiles": by_profile,
+        "disagreements": problems,
+    }
     emit(args, result, lines, ok=not problems)
     if problems:
         raise SystemExit(1)

@@ -26,6 +26,14 @@ def profile_settings(target: Target) -> dict[str, set[str]]:
     return settings
 
 
+def modules_by_profile(target: Target) -> dict[str, list[str]]:
+    """Each profile's listed modules: those a setting of the profile loads."""
+    return {
+        profile: [m.generator for m in target.jit if settings & set(m.settings)]
+        for profile, settings in profile_settings(target).items()
+    }
+
+
 def disagreements(target: Target) -> list[str]:
     """Profile settings that load FlashInfer but have no listed module, and listed modules
     that no profile loads. Empty when the list and the profiles agree."""
