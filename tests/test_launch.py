@@ -389,6 +389,9 @@ def test_every_glm5_family_profile_falls_back_to_breakable_decode_graphs() -> No
         )
         assert _flag(fallback.args, "--cuda-graph-backend-decode") == "breakable"
         assert fallback.expect["cuda_graph_backend_decode"] == "breakable"
+        with pytest.raises(BuilderError, match="removed tc_piecewise"):  # sglang would exit
+            launch.resolve(known, name, IMAGE, launch.Overrides(
+                params=(("cuda_graph_backend_decode", "tc_piecewise"),)))  # fmt: skip
     old = launch.Profiles.of(TARGET)  # the 0.5.9 stack declares none
     assert launch.fallback_params(old, "glm5-nvfp4-tp8") == ()
     assert launch.fallback_why(old, "glm5-nvfp4-tp8") == ""
@@ -437,7 +440,8 @@ def test_refusals_and_sglang_s_choices_add_up_through_extends() -> None:
     known = launch.Profiles.of(CURRENT)
     mtp = launch.flattened(known, "glm52-nvfp4-tp8-mtp")
     assert {rule["flag"] for rule in mtp["refuse"]} == {
-        "--kv-cache-dtype", "--attention-backend", "--speculative-eagle-topk"
+        "--kv-cache-dtype", "--attention-backend", "--cuda-graph-backend-decode",
+        "--speculative-eagle-topk",
     }  # fmt: skip
     assert set(mtp["chosen_by_sglang"]) == {"attention_backend", "dsa_prefill_backend",
         "dsa_decode_backend", "sampling_backend", "speculative_moe_runner_backend"}  # fmt: skip
