@@ -14,15 +14,13 @@ from __future__ import annotations
 import json
 import socket
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from docker.errors import APIError, NotFound
 
-from builder import progress, validate
-from builder.errors import EXIT_CODES
+from builder import http_client, progress, validate
+from builder.errors import EXIT_CODES, BuilderError
 
 STAGES = ("port", "/health", "/health_generate", "/server_info")
 # Endpoints that answer 503 until the server is there: (timeout s, what a 503 means).
@@ -54,28 +52,16 @@ class Verdict:
         }
 
 
-class NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is an answer (its 3xx status), never followed: the server under test is
-    the one asked, and its API key goes to no other host."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
-
-
-NO_REDIRECTS = urllib.request.build_opener(NoRedirect)
+NO_REDIRECTS = http_client.NO_REDIRECTS  # a redirect is an answer: the key goes nowhere else
 
 
 def _get(url: str, timeout: float, api_key: str | None = None) -> tuple[int, bytes]:
-    request = urllib.request.Request(url)
-    if api_key:
-        request.add_header("Authorization", f"Bearer {api_key}")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with NO_REDIRECTS.open(request, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, b""
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        answer = http_client.get(url, url, headers=headers, timeout=timeout, follow_redirects=False)
+    except BuilderError:  # no answer (Unreachable) or one too large: not there yet
         return 0, b""
+    return answer.status, answer.body
 
 
 def _port_open(url: str) -> bool:
