@@ -234,3 +234,35 @@ def test_a_url_that_cannot_be_parsed_is_an_error_that_does_not_quote_its_secret(
     with pytest.raises(BuilderError) as raised:
         http_client.get(f"https://{USER}:{TOKEN}@host:port/simple", "index")
     assert TOKEN not in str(raised.value) and "not a valid URL" in str(raised.value)
+
+
+@pytest.mark.parametrize(("login", "words"), [("", "asks for"), (f"{USER}:{TOKEN}@", "refused")])
+def test_a_git_remote_that_asks_for_credentials_is_one_line(
+    tmp_path: Path, servers, login: str, words: str
+) -> None:
+    """A git remote behind HTTP auth (the loopback server answers 401 to everything): was
+    `internal error: TypeError` from libgit2's credential callback."""
+    first, _, _ = servers
+    _Recorder.routes = {}
+    answer_401 = _Recorder.do_GET
+
+    def challenge(handler) -> None:
+        handler.seen.append((handler.path, handler.headers.get("Authorization")))
+        handler.send_response(401)
+        handler.send_header("WWW-Authenticate", 'Basic realm="git"')
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    _Recorder.do_GET = challenge
+    try:
+        host = first.removeprefix("http://")
+        builder = _builder(tmp_path, f"https://github.com/=http://{login}{host}/")
+        result = builder.run("sources", "--upstream", "flashinfer", check=False)
+    finally:
+        _Recorder.do_GET = answer_401
+    assert result.returncode == 1, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and words in errors[0], result.stderr
+    assert "internal error" not in result.stderr and TOKEN not in result.stderr
+    if login:
+        assert http_client.basic(USER, TOKEN) in {auth for _, auth in _Recorder.seen}
