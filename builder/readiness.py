@@ -80,10 +80,26 @@ def _same(expected: object, actual: object) -> bool:
     return str(actual) == str(expected)
 
 
+def _json_object(body: bytes) -> dict | None:
+    try:
+        value = json.loads(body or b"{}")
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def printable(value: object, limit: int = 200) -> str:
+    """A value a server or registry handed back, safe for one terminal line: control
+    characters (escape sequences, line breaks) shown escaped, and cut at `limit`."""
+    text = str(value)
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return shown + ("..." if len(text) > limit else "")
+
+
 def check_server_info(info: dict, expect: dict) -> list[str]:
     """Every expected key that /server_info reports differently (or not at all)."""
     return [
-        f"{key}={info.get(key, '<missing>')} (asked for {value})"
+        f"{key}={printable(info.get(key, '<missing>'))} (asked for {value})"
         for key, value in expect.items()
         if not _same(value, info.get(key))
     ]
@@ -197,9 +213,16 @@ def wait_ready(
                         time.monotonic() - started,
                     )  # fmt: skip
                 if status == 200:
-                    info = json.loads(body or b"{}")
-                    wrong = check_server_info(info, expect or {})
+                    info = _json_object(body)
                     elapsed = time.monotonic() - started
+                    if info is None:
+                        return Verdict(
+                            "mismatch",
+                            "server is up but its /server_info is not a JSON object (not sglang?)",
+                            "/server_info",
+                            elapsed,
+                        )
+                    wrong = check_server_info(info, expect or {})
                     if wrong:
                         return Verdict(
                             "mismatch",
@@ -208,9 +231,10 @@ def wait_ready(
                             elapsed,
                             server_info=info,
                         )
+                    checked = "backends match" if expect else "backends not checked (no profile)"
                     return Verdict(
                         "ready",
-                        f"ready in {elapsed:.0f} s: generation works and backends match",
+                        f"ready in {elapsed:.0f} s: generation works, {checked}",
                         "/server_info",
                         elapsed,
                         server_info=info,
@@ -221,7 +245,8 @@ def wait_ready(
                 completed=stage,
                 description=f"wait-ready {url}: {detail} (deadline {deadline_s / 60:.0f} min)",
             )
-            if elapsed >= deadline_s:
+            # A stage passed is tried again at once: `--deadline 0` checks every stage once.
+            if stage == previous and elapsed >= deadline_s:
                 if watch:
                     where = "the container is still running"
                 elif stage == 0:
