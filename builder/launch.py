@@ -233,6 +233,7 @@ def resolve(
     profile = _flatten(profiles, name, path)
 
     params = {k: str(v) for k, v in profile.get("params", {}).items()}
+    _refuse_control_characters(overrides)
     for key, value in overrides.params:
         if key not in params:
             known = ", ".join(sorted(params))
@@ -297,6 +298,23 @@ def resolve(
         warning=profile.get("warning", ""),
         params=overrides.params,
     )
+
+
+def _refuse_control_characters(overrides: Overrides) -> None:
+    """What the command line gives goes into a docker run line, compose.yaml (its comments
+    too) and a systemd unit: a line break there would add lines of its own."""
+    given = [
+        *((f"--set {key}", f"{key}={value}") for key, value in overrides.params),
+        *(("--extra-arg", arg) for arg in overrides.extra_args),
+        ("--model", overrides.model or ""),
+        ("--hf-cache", overrides.hf_cache),
+        ("--api-key-file", overrides.api_key_file or ""),
+    ]
+    for flag, value in given:
+        if not value.isprintable():
+            raise BuilderError(
+                f"{flag} {value!r}: a line break or another control character is not allowed"
+            )
 
 
 def _flag_values(args: list[str], flag: str) -> list[str]:

@@ -368,3 +368,25 @@ def test_what_a_container_was_launched_with_reads_back_from_its_labels() -> None
     assert profile == "glm5-nvfp4-tp8-fusion"
     assert dict(params) == {"kv_cache_dtype": "bf16", "port": "9000"}, "--set wins"
     assert launch.launched_with({}, ()) == (None, ())
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--set", "mem_fraction_static=0.85\n    privileged: true"],
+        ["--extra-arg=--log-level\ndebug"],
+        ["--model", "/data/GLM\r\n# x"],
+    ],
+)
+def test_a_line_break_from_the_command_line_never_reaches_generated_files(
+    builder: Builder, tmp_path, given: list[str]
+) -> None:
+    """A --set value with a line break added lines to compose.yaml (its "Ready when" comment
+    carries the values as given)."""
+    out = tmp_path / "deploy"
+    result = builder.run(
+        "deploy-files", "--target", "sm120", *given, "--out", str(out), check=False
+    )
+    assert result.returncode == 1
+    assert "a line break or another control character is not allowed" in result.stderr
+    assert not out.exists() or not any(out.iterdir())
