@@ -12,6 +12,7 @@ import fnmatch
 import ipaddress
 import json
 import math
+import posixpath
 import re
 import shlex
 from dataclasses import dataclass
@@ -255,10 +256,12 @@ def resolve(
         params["model"] = model
         volumes.append((overrides.hf_cache, HF_CACHE_IN_CONTAINER, "rw"))
 
+    chosen = {key for key, _ in overrides.params}
     for volume in profile.get("volumes", []):
         if not isinstance(volume, dict) or not {"host", "container"} <= volume.keys():
             raise BuilderError(f"{path}: profile '{name}' volumes need host and container")
         host = _substitute(volume["host"], params, f"profile '{name}' volumes", path)
+        _confine_volume(volume, host, chosen, f"{path}: profile '{name}'")
         volumes.append((host, volume["container"], "rw"))
 
     args = [_substitute(a, params, f"profile '{name}' args", path) for a in profile["args"]]
@@ -298,6 +301,30 @@ def resolve(
         warning=profile.get("warning", ""),
         params=overrides.params,
     )
+
+
+# Where a profile's writable volumes may live on the VM: the state folder builder's profiles
+# use, unless the operator names the folder with --set. A profile comes from an image's
+# recipe, which whoever pushed the image wrote: it does not choose what it mounts.
+SERVING_STATE_ROOT = "/var/lib/sglang"
+
+
+def _confine_volume(volume: dict, host: str, chosen: set[str], where: str) -> None:
+    template, container = volume["host"], volume["container"]
+    if not (isinstance(template, str) and isinstance(container, str)):
+        raise BuilderError(f"{where}: a volume's host and container must be strings")
+    param = _PARAM.fullmatch(template)
+    if param and param.group(1) in chosen:  # the operator's own --set KEY=DIR
+        return
+    normal = posixpath.normpath(host)
+    if not (
+        host.startswith("/") and normal == host and normal.startswith(f"{SERVING_STATE_ROOT}/")
+    ):
+        how = f" (or --set {param.group(1)}=DIR)" if param else ""
+        raise BuilderError(
+            f"{where}: volume {host!r} refused: a profile mounts read-write only under "
+            f"{SERVING_STATE_ROOT}/{how}"
+        )
 
 
 def _refuse_control_characters(overrides: Overrides) -> None:
