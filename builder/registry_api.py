@@ -155,7 +155,17 @@ def _checked(data: bytes, digest: str, what: str) -> bytes:
 
 
 def image_config(reference: str) -> dict:
-    """The image config (labels under `config.Labels`) of `reference`, from its registry."""
+    """The image config (labels under `config.Labels`) of `reference`, from its registry;
+    whatever it answers that is not an OCI image manifest and config is one error line."""
+    try:
+        return _image_config(reference)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        raise BuilderError(
+            f"{reference}: the registry's answer is not an image manifest and config"
+        ) from None
+
+
+def _image_config(reference: str) -> dict:
     client = _Client(reference)
     digest = client.ref if client.ref.startswith("sha256:") else None
     body = client.get(f"/manifests/{client.ref}", _ACCEPT)
@@ -183,4 +193,10 @@ def image_config(reference: str) -> dict:
 
 
 def labels(reference: str) -> dict[str, str]:
-    return (image_config(reference).get("config") or {}).get("Labels") or {}
+    config = image_config(reference)
+    found = (config.get("config") or {}).get("Labels") or {} if isinstance(config, dict) else None
+    if not isinstance(found, dict) or not all(
+        isinstance(key, str) and isinstance(value, str) for key, value in found.items()
+    ):
+        raise BuilderError(f"{reference}: the image config's labels are not strings")
+    return found
