@@ -85,9 +85,61 @@ def partial_beside(destination: Path, mode: int = 0o644) -> Iterator[Path]:
     try:
         yield partial
         os.chmod(partial, mode)
-        os.replace(partial, destination)
+        durable_replace(partial, destination)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def durable_replace(source: Path, destination: Path) -> None:
+    """`os.replace`, with the file's bytes on disk before its new name is, and the name on
+    disk after: a power loss leaves the old file or the new one, never an empty new one."""
+    if source.is_file():
+        with source.open("rb") as handle:
+            os.fsync(handle.fileno())
+    os.replace(source, destination)
+    _fsync_directory(destination.parent)
+
+
+def fsync_files(folder: Path) -> None:
+    """Every file directly in `folder` (and the folder) on disk, before it is renamed."""
+    for path in folder.iterdir():
+        if path.is_file() and not path.is_symlink():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_directory(folder)
+
+
+def _fsync_directory(path: Path) -> None:
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # a file system that cannot open a directory for this: nothing to sync
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass
+    finally:
+        os.close(handle)
+
+
+@contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Ctrl-C held back until the block ends: for steps that must all happen or none (the
+    interrupt is raised right after, so the command still stops)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[object] = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def atomic_copy(source: Path, destination: Path) -> None:

@@ -8,6 +8,7 @@ import traceback
 
 from builder import __version__
 from builder.errors import EXIT_CODES, EXIT_CODES_HELP, BuilderError, Unreachable
+from builder.urls import scrub
 
 _json_asked = False  # set by main() before parsing: a usage error cannot read args
 
@@ -90,9 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except BuilderError as exc:
         code = EXIT_CODES["unreachable" if isinstance(exc, Unreachable) else "error"]
-        print(f"error: {exc}", file=sys.stderr)
+        message = scrub(str(exc))
+        print(f"error: {message}", file=sys.stderr)
         if getattr(args, "json", False):
-            print_json({"error": str(exc), "exit_code": code}, ok=False)
+            print_json({"error": message, "exit_code": code}, ok=False)
         return code
     except KeyboardInterrupt:
         message = "interrupted: the cache is consistent; run the command again"
@@ -101,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             print_json({"error": message, "exit_code": EXIT_CODES["interrupted"]}, ok=False)
         return EXIT_CODES["interrupted"]
     except Exception as exc:
-        message = f"internal error: {type(exc).__name__}: {exc}"
-        if args.debug:
+        message = scrub(f"internal error: {type(exc).__name__}: {exc}")
+        if args.debug:  # the traceback quotes values as they were: not scrubbed, hence opt-in
             traceback.print_exc()
             print(message, file=sys.stderr)
         else:

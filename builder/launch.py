@@ -12,6 +12,7 @@ import fnmatch
 import ipaddress
 import json
 import math
+import posixpath
 import re
 import shlex
 from dataclasses import dataclass
@@ -290,6 +291,7 @@ def resolve(
     profile = _flatten(profiles, name, path)
 
     params = {k: str(v) for k, v in profile.get("params", {}).items()}
+    _refuse_control_characters(overrides)
     for key, value in overrides.params:
         if key not in params:
             known = ", ".join(sorted(params))
@@ -311,10 +313,12 @@ def resolve(
         params["model"] = model
         volumes.append((overrides.hf_cache, HF_CACHE_IN_CONTAINER, "rw"))
 
+    chosen = {key for key, _ in overrides.params}
     for volume in profile.get("volumes", []):
         if not isinstance(volume, dict) or not {"host", "container"} <= volume.keys():
             raise BuilderError(f"{path}: profile '{name}' volumes need host and container")
         host = _substitute(volume["host"], params, f"profile '{name}' volumes", path)
+        _confine_volume(volume, host, chosen, f"{path}: profile '{name}'")
         volumes.append((host, volume["container"], "rw"))
 
     args = [_substitute(a, params, f"profile '{name}' args", path) for a in profile["args"]]
@@ -368,6 +372,47 @@ def resolve(
 def is_local_model(model: str) -> bool:
     """A directory on this machine (mounted into the container), not a hub id."""
     return model.startswith(("/", "./", "~"))
+
+
+# Where a profile's writable volumes may live on the VM: the state folder builder's profiles
+# use, unless the operator names the folder with --set. A profile comes from an image's
+# recipe, which whoever pushed the image wrote: it does not choose what it mounts.
+SERVING_STATE_ROOT = "/var/lib/sglang"
+
+
+def _confine_volume(volume: dict, host: str, chosen: set[str], where: str) -> None:
+    template, container = volume["host"], volume["container"]
+    if not (isinstance(template, str) and isinstance(container, str)):
+        raise BuilderError(f"{where}: a volume's host and container must be strings")
+    param = _PARAM.fullmatch(template)
+    if param and param.group(1) in chosen:  # the operator's own --set KEY=DIR
+        return
+    normal = posixpath.normpath(host)
+    if not (
+        host.startswith("/") and normal == host and normal.startswith(f"{SERVING_STATE_ROOT}/")
+    ):
+        how = f" (or --set {param.group(1)}=DIR)" if param else ""
+        raise BuilderError(
+            f"{where}: volume {host!r} refused: a profile mounts read-write only under "
+            f"{SERVING_STATE_ROOT}/{how}"
+        )
+
+
+def _refuse_control_characters(overrides: Overrides) -> None:
+    """What the command line gives goes into a docker run line, compose.yaml (its comments
+    too) and a systemd unit: a line break there would add lines of its own."""
+    given = [
+        *((f"--set {key}", f"{key}={value}") for key, value in overrides.params),
+        *(("--extra-arg", arg) for arg in overrides.extra_args),
+        ("--model", overrides.model or ""),
+        ("--hf-cache", overrides.hf_cache),
+        ("--api-key-file", overrides.api_key_file or ""),
+    ]
+    for flag, value in given:
+        if not value.isprintable():
+            raise BuilderError(
+                f"{flag} {value!r}: a line break or another control character is not allowed"
+            )
 
 
 def _flag_values(args: list[str], flag: str) -> list[str]:

@@ -178,6 +178,22 @@ def _image_id(connection: http.client.HTTPConnection, reference: str) -> str | N
     return json.loads(body).get("Id") if response.status == 200 else None
 
 
+def _only_a_plain_build(record: dict) -> bool:
+    """A record answers only for what a plain build did: it names the image it built (and
+    the daemon still has it, `_images_unchanged`), and claims no push and no publication,
+    which no replayed command line does. Anything else in it is not believed."""
+    manifest = record["manifest"]
+    image = manifest["image"]
+    wheels = [*(manifest.get("wheels") or {}).values(), manifest.get("builder_wheel") or {}]
+    return (
+        record["reference"] in record["images"]
+        and image.get("reference") == record["reference"]
+        and not image.get("pushed")
+        and not any(wheel.get("published") for wheel in wheels)
+        and not record["output"]["json"]["image"].get("pushed")
+    )
+
+
 def _images_unchanged(record: dict) -> bool:
     path = daemon_socket()
     if path is None or path != record["daemon"]:
@@ -207,7 +223,7 @@ def replay(argv: list[str]) -> int | None:
             return None
         if _snapshot(record["trees"], record["files"]) != record["snapshot"]:
             return None
-        if not _images_unchanged(record):
+        if not _only_a_plain_build(record) or not _images_unchanged(record):
             return None
         template = record["output"]["json" if record["json"] else "lines"]
         said = (
@@ -339,6 +355,8 @@ def _record(
     """Record a finished plain image build for `replay`, as the no-op run that repeats it
     would write it. Nothing when an input changed or had only just changed (the next run
     takes the full path and records then), or when the record cannot be written."""
+    if manifest["image"].get("pushed") or not images:  # not a plain build: never answered
+        return
     outputs = _snapshot(
         [str(cache_dir / folder) for folder in CACHE_FOLDERS], [str(p) for p in wheel_files]
     )

@@ -14,15 +14,13 @@ from __future__ import annotations
 import json
 import socket
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from docker.errors import APIError, NotFound
 
-from builder import progress, validate
-from builder.errors import EXIT_CODES
+from builder import http_client, progress, validate
+from builder.errors import EXIT_CODES, BuilderError
 
 STAGES = ("port", "/health", "/health_generate", "/server_info")
 # Endpoints that answer 503 until the server is there: (timeout s, what a 503 means).
@@ -54,28 +52,16 @@ class Verdict:
         }
 
 
-class NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is an answer (its 3xx status), never followed: the server under test is
-    the one asked, and its API key goes to no other host."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
-
-
-NO_REDIRECTS = urllib.request.build_opener(NoRedirect)
+NO_REDIRECTS = http_client.NO_REDIRECTS  # a redirect is an answer: the key goes nowhere else
 
 
 def _get(url: str, timeout: float, api_key: str | None = None) -> tuple[int, bytes]:
-    request = urllib.request.Request(url)
-    if api_key:
-        request.add_header("Authorization", f"Bearer {api_key}")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with NO_REDIRECTS.open(request, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, b""
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        answer = http_client.get(url, url, headers=headers, timeout=timeout, follow_redirects=False)
+    except BuilderError:  # no answer (Unreachable) or one too large: not there yet
         return 0, b""
+    return answer.status, answer.body
 
 
 def _port_open(url: str) -> bool:
@@ -94,10 +80,26 @@ def _same(expected: object, actual: object) -> bool:
     return str(actual) == str(expected)
 
 
+def _json_object(body: bytes) -> dict | None:
+    try:
+        value = json.loads(body or b"{}")
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def printable(value: object, limit: int = 200) -> str:
+    """A value a server or registry handed back, safe for one terminal line: control
+    characters (escape sequences, line breaks) shown escaped, and cut at `limit`."""
+    text = str(value)
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return shown + ("..." if len(text) > limit else "")
+
+
 def check_server_info(info: dict, expect: dict) -> list[str]:
     """Every expected key that /server_info reports differently (or not at all)."""
     return [
-        f"{key}={info.get(key, '<missing>')} (asked for {value})"
+        f"{key}={printable(info.get(key, '<missing>'))} (asked for {value})"
         for key, value in expect.items()
         if not _same(value, info.get(key))
     ]
@@ -211,9 +213,16 @@ def wait_ready(
                         time.monotonic() - started,
                     )  # fmt: skip
                 if status == 200:
-                    info = json.loads(body or b"{}")
-                    wrong = check_server_info(info, expect or {})
+                    info = _json_object(body)
                     elapsed = time.monotonic() - started
+                    if info is None:
+                        return Verdict(
+                            "mismatch",
+                            "server is up but its /server_info is not a JSON object (not sglang?)",
+                            "/server_info",
+                            elapsed,
+                        )
+                    wrong = check_server_info(info, expect or {})
                     if wrong:
                         return Verdict(
                             "mismatch",
@@ -222,9 +231,10 @@ def wait_ready(
                             elapsed,
                             server_info=info,
                         )
+                    checked = "backends match" if expect else "backends not checked (no profile)"
                     return Verdict(
                         "ready",
-                        f"ready in {elapsed:.0f} s: generation works and backends match",
+                        f"ready in {elapsed:.0f} s: generation works, {checked}",
                         "/server_info",
                         elapsed,
                         server_info=info,
@@ -235,7 +245,8 @@ def wait_ready(
                 completed=stage,
                 description=f"wait-ready {url}: {detail} (deadline {deadline_s / 60:.0f} min)",
             )
-            if elapsed >= deadline_s:
+            # A stage passed is tried again at once: `--deadline 0` checks every stage once.
+            if stage == previous and elapsed >= deadline_s:
                 if watch:
                     where = "the container is still running"
                 elif stage == 0:

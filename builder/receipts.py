@@ -96,9 +96,13 @@ def fetch(image_reference: str, client: docker.DockerClient | None = None) -> di
             continue
         try:
             receipt = json.loads(label)
-        except ValueError:
-            raise BuilderError(f"receipt {reference}: not JSON") from None
-        described = ((receipt.get("server") or {}).get("image") or {}).get("repo_digests") or []
+            described = receipt["server"]["image"]["repo_digests"]
+        except (ValueError, RecursionError, KeyError, TypeError):
+            raise BuilderError(
+                f"receipt {reference}: not a receipt builder qualify wrote"
+            ) from None
+        if not isinstance(described, list) or not all(isinstance(d, str) for d in described):
+            raise BuilderError(f"receipt {reference}: not a receipt builder qualify wrote")
         if not any(d.endswith(f"@{digest}") for d in described):
             raise BuilderError(
                 f"receipt {reference} describes another image ({', '.join(described) or 'none'})"

@@ -11,6 +11,7 @@ build host records the same facts (a test checks that they agree).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import docker
@@ -117,16 +118,19 @@ def launch_recipe(reference: str) -> dict:
             pass
     try:
         label = registry_api.labels(reference).get(LAUNCH_LABEL)
-        if label:
-            facts = json.loads(label)
-            if facts.get("schema_version") == SCHEMA_VERSION:
-                return facts
-    except (BuilderError, ValueError) as exc:
+    except BuilderError as exc:  # the engine may still pull it (its own login, a mirror)
         if client is None:
             raise BuilderError(
                 f"--image {reference}: no Docker daemon here, and its registry did not give "
                 f"its config ({exc})"
             ) from None
+        label = None
+    if label:
+        try:
+            facts = json.loads(label)
+        except (ValueError, RecursionError):
+            facts = None
+        return checked_facts(facts, f"--image {reference}: label {LAUNCH_LABEL}")
     if client is None:
         raise BuilderError(f"--image {reference}: its registry config has no {LAUNCH_LABEL}")
     return from_image(client, reference)
@@ -162,13 +166,75 @@ def from_image(client: docker.DockerClient, reference: str) -> dict:
         raise BuilderError(
             f"--image {reference}: holds no {RECIPE_PATH} (not built by this builder version)"
         ) from None
-    recipe = json.loads(data)
-    if recipe.get("schema_version") != SCHEMA_VERSION:
+    try:
+        recipe = json.loads(data)
+    except (ValueError, RecursionError):
+        recipe = None
+    return checked_facts(recipe, f"--image {reference}: {RECIPE_PATH}")
+
+
+_CUDA_VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
+_ARCH = re.compile(r"\d+\.\d+[af]?")
+
+
+def checked_facts(facts: object, where: str) -> dict:
+    """A recipe (or its launch label) as builder writes it, or one line saying what is not:
+    whoever can push a tag writes these bytes, and `launch`, `deploy-files`, `doctor` and
+    `verify` print and act on them."""
+
+    def fail(what: str) -> BuilderError:
+        return BuilderError(f"{where}: not a recipe builder wrote ({what})")
+
+    if not isinstance(facts, dict):
+        raise fail("not a JSON object")
+    try:
+        _printable_everywhere(facts, "")
+    except RecursionError:
+        raise fail("nested too deep") from None
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    if facts.get("schema_version") != SCHEMA_VERSION:
         raise BuilderError(
-            f"--image {reference}: recipe schema {recipe.get('schema_version')}, "
-            f"this builder reads {SCHEMA_VERSION}"
+            f"{where}: recipe schema {str(facts.get('schema_version'))[:20]}, this builder "
+            f"reads {SCHEMA_VERSION}"
         )
-    return recipe
+    target = facts.get("target")
+    if not isinstance(target, dict):
+        raise fail("target is not an object")
+    for key in ("name", "description", "cuda_version"):
+        if not isinstance(target.get(key), str):
+            raise fail(f"target.{key} is not a string")
+    if not _CUDA_VERSION.fullmatch(target["cuda_version"]):
+        raise fail("target.cuda_version is not a CUDA version")
+    arch_list = target.get("arch_list")
+    if not (isinstance(arch_list, list) and arch_list) or not all(
+        isinstance(arch, str) and _ARCH.fullmatch(arch) for arch in arch_list
+    ):
+        raise fail("target.arch_list is not a list of archs such as 12.0f")
+    profiles = facts.get("profiles")
+    if not isinstance(profiles, dict) or not isinstance(profiles.get("profiles"), dict):
+        raise fail("profiles is not an object of profiles")
+    known = profiles["profiles"]
+    if not known or not all(isinstance(p, dict) for p in known.values()):
+        raise fail("profiles.profiles holds something that is not a profile")
+    if profiles.get("default") not in known:
+        raise fail("profiles.default names no profile")
+    return facts
+
+
+def _printable_everywhere(value: object, at: str) -> None:
+    """Every key and string printable: no escape sequence or line break reaches a terminal
+    or a generated file from a recipe."""
+    if isinstance(value, str):
+        if not value.isprintable():
+            raise ValueError(f"a control character in {at or 'a value'}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _printable_everywhere(key, at)
+            _printable_everywhere(item, f"{at}.{key}" if at else str(key))
+    elif isinstance(value, list):
+        for item in value:
+            _printable_everywhere(item, at)
 
 
 def profiles_of(recipe: dict, reference: str) -> launch.Profiles:

@@ -17,14 +17,11 @@ import hashlib
 import json
 import os
 import re
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
-from builder import registry
-from builder.errors import BuilderError, Unreachable
-from builder.readiness import NO_REDIRECTS
+from builder import http_client, registry
+from builder.errors import BuilderError
 
 _ACCEPT = ", ".join(
     (
@@ -82,31 +79,36 @@ class _Client:
         self.authorization: str | None = None
 
     def get(self, path: str, accept: str = "*/*") -> bytes:
+        what = f"{self.reference}: registry {self.host}"
         for _ in range(2):
-            request = urllib.request.Request(f"{self.base}{path}", headers={"Accept": accept})
+            headers = {"Accept": accept}
             if self.authorization:
-                request.add_header("Authorization", self.authorization)
-            try:
-                with NO_REDIRECTS.open(request, timeout=_TIMEOUT_S) as response:
-                    return response.read(_MAX_BYTES + 1)
-            except urllib.error.HTTPError as exc:
-                if exc.code in (301, 302, 307, 308) and path.startswith("/blobs/"):
-                    return self._redirected_blob(exc.headers.get("Location", ""))
-                if exc.code == 401 and self.authorization is None:
-                    self.authorization = self._authorize(exc.headers.get("WWW-Authenticate", ""))
-                    continue
-                raise BuilderError(f"{self.reference}: the registry answered {exc.code}") from None
-            except (urllib.error.URLError, OSError) as exc:
-                reason = getattr(exc, "reason", exc)
-                raise Unreachable(f"{self.reference}: registry {self.host} ({reason})") from None
+                headers["Authorization"] = self.authorization
+            # Not followed: the registry's credentials go to the registry alone.
+            answer = http_client.get(
+                f"{self.base}{path}", what, headers=headers, timeout=_TIMEOUT_S,
+                max_bytes=_MAX_BYTES, follow_redirects=False,
+            )  # fmt: skip
+            if answer.status == 200:
+                return answer.body
+            if answer.status in (301, 302, 307, 308) and path.startswith("/blobs/"):
+                return self._redirected_blob(answer.headers.get("Location", ""))
+            if answer.status == 401 and self.authorization is None:
+                self.authorization = self._authorize(answer.headers.get("WWW-Authenticate", ""))
+                continue
+            raise BuilderError(f"{self.reference}: the registry answered {answer.status}")
         raise BuilderError(f"{self.reference}: the registry refused the credentials (401)")
 
     def _redirected_blob(self, location: str) -> bytes:
         """Blobs are often served from storage elsewhere: fetched without credentials."""
         if not location.startswith("https://"):
             raise BuilderError(f"{self.reference}: a blob redirect to {location[:40]!r} refused")
-        with urllib.request.urlopen(location, timeout=_TIMEOUT_S) as response:
-            return response.read(_MAX_BYTES + 1)
+        answer = http_client.get(
+            location, f"{self.reference}: blob storage", timeout=_TIMEOUT_S, max_bytes=_MAX_BYTES
+        )
+        if answer.status != 200:
+            raise BuilderError(f"{self.reference}: blob storage answered {answer.status}")
+        return answer.body
 
     def _authorize(self, challenge: str) -> str:
         scheme, _, params = challenge.partition(" ")
@@ -116,26 +118,31 @@ class _Client:
                     f"{self.reference}: the registry wants credentials (docker login, or "
                     f"{registry.USERNAME_ENV}/{registry.PASSWORD_ENV} with {registry.HOST_ENV})"
                 )
-            token = base64.b64encode(":".join(self.basic).encode()).decode()
-            return f"Basic {token}"
+            return http_client.basic(*self.basic)
         if scheme.lower() != "bearer":
-            raise BuilderError(f"{self.reference}: unknown registry auth {scheme!r}")
+            raise BuilderError(f"{self.reference}: unknown registry auth {scheme[:40]!r}")
         fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
         query = {"service": fields.get("service", "")}
         query["scope"] = fields.get("scope") or f"repository:{self.repository}:pull"
         url = f"{fields.get('realm', '')}?{urllib.parse.urlencode(query)}"
         if not url.startswith("https://"):
             raise BuilderError(f"{self.reference}: token realm {url[:40]!r} is not https")
-        request = urllib.request.Request(url)
-        if self.basic:
-            token = base64.b64encode(":".join(self.basic).encode()).decode()
-            request.add_header("Authorization", f"Basic {token}")
+        # The Basic credentials go to the realm's origin only: a redirect elsewhere (or to
+        # plain http) is followed without them (builder/http_client.py).
+        answer = http_client.get(
+            url, f"{self.reference}: registry token", timeout=_TIMEOUT_S,
+            max_bytes=_MAX_BYTES, credentials=self.basic,
+        )  # fmt: skip
+        if answer.status != 200:
+            raise BuilderError(f"{self.reference}: the token service answered {answer.status}")
         try:
-            with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
-                answer = json.loads(response.read(_MAX_BYTES))
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise Unreachable(f"{self.reference}: no registry token ({exc})") from None
-        return f"Bearer {answer.get('token') or answer.get('access_token')}"
+            token = json.loads(answer.body)
+            bearer = token.get("token") or token.get("access_token")
+        except (ValueError, AttributeError):
+            bearer = None
+        if not isinstance(bearer, str) or not bearer.isprintable():
+            raise BuilderError(f"{self.reference}: the token service gave no token")
+        return f"Bearer {bearer}"
 
 
 def _checked(data: bytes, digest: str, what: str) -> bytes:
@@ -148,7 +155,17 @@ def _checked(data: bytes, digest: str, what: str) -> bytes:
 
 
 def image_config(reference: str) -> dict:
-    """The image config (labels under `config.Labels`) of `reference`, from its registry."""
+    """The image config (labels under `config.Labels`) of `reference`, from its registry;
+    whatever it answers that is not an OCI image manifest and config is one error line."""
+    try:
+        return _image_config(reference)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        raise BuilderError(
+            f"{reference}: the registry's answer is not an image manifest and config"
+        ) from None
+
+
+def _image_config(reference: str) -> dict:
     client = _Client(reference)
     digest = client.ref if client.ref.startswith("sha256:") else None
     body = client.get(f"/manifests/{client.ref}", _ACCEPT)
@@ -176,4 +193,10 @@ def image_config(reference: str) -> dict:
 
 
 def labels(reference: str) -> dict[str, str]:
-    return (image_config(reference).get("config") or {}).get("Labels") or {}
+    config = image_config(reference)
+    found = (config.get("config") or {}).get("Labels") or {} if isinstance(config, dict) else None
+    if not isinstance(found, dict) or not all(
+        isinstance(key, str) and isinstance(value, str) for key, value in found.items()
+    ):
+        raise BuilderError(f"{reference}: the image config's labels are not strings")
+    return found

@@ -12,9 +12,9 @@ pin; the patch series applies on it as on any upstream commit.
 from __future__ import annotations
 
 import calendar
+import contextlib
 import hashlib
 import urllib.error
-import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -22,9 +22,9 @@ import pygit2
 from packaging.utils import parse_wheel_filename
 from pygit2.enums import FileMode
 
-from builder import progress
+from builder import http_client, progress
 from builder.cache import partial_beside, sha256_file
-from builder.errors import BuilderError, Unreachable
+from builder.errors import BuilderError
 from builder.settings import Mirrors
 from builder.simple_index import read_project
 from builder.target import Fork
@@ -34,15 +34,16 @@ IMPORTER = pygit2.Signature("builder release import", "builder@localhost", 0, 0)
 _TIMEOUT_S = 60
 
 
+@contextlib.contextmanager
 def _open(url: str, what: str):
     try:
-        return urllib.request.urlopen(url, timeout=_TIMEOUT_S)
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise Unreachable(
-            f"{what}: cannot read {redact(url)} ({reason}); point it at a mirror with "
-            "--mirror FROM=TO or BUILDER_MIRRORS"
-        ) from None
+        with http_client.open_url(
+            url, what, timeout=_TIMEOUT_S,
+            hint="; point it at a mirror with --mirror FROM=TO or BUILDER_MIRRORS",
+        ) as response:  # fmt: skip
+            yield response
+    except urllib.error.HTTPError as exc:
+        raise BuilderError(f"{what}: {redact(url)} answered {exc.code}") from None
 
 
 def _file_link(index: str, dist: str, filename: str, what: str) -> tuple[str, str | None]:

@@ -30,7 +30,13 @@ import tomlkit.exceptions
 from packaging.utils import parse_wheel_filename
 from pygit2.enums import ApplyLocation, CheckoutStrategy, DiffStatsFormat
 
-from builder.cache import atomic_write_text, remove_tree
+from builder.cache import (
+    atomic_write_text,
+    durable_replace,
+    fsync_files,
+    remove_tree,
+    uninterrupted,
+)
 from builder.errors import BuilderError
 from builder.patches import COMMITTER_EMAIL, COMMITTER_NAME, PatchFile, parse_patch_file
 from builder.release import commit_sha256 as release_sha256
@@ -368,17 +374,20 @@ def _write_series(repo, fork: Fork, series: str, ref: str, onto_commit: str, hea
     try:
         new_pin.write_text(pin)
         new_pin.chmod(0o644)
-        series_dir.rename(old)
-        try:
-            staging.rename(series_dir)
+        fsync_files(staging)
+        # Ctrl-C between the renames would leave the new series with the old pin.
+        with uninterrupted():
+            series_dir.rename(old)
             try:
-                os.replace(new_pin, pin_path)
+                staging.rename(series_dir)
+                try:
+                    durable_replace(new_pin, pin_path)
+                except OSError:
+                    series_dir.rename(staging)
+                    raise
             except OSError:
-                series_dir.rename(staging)
+                old.rename(series_dir)
                 raise
-        except OSError:
-            old.rename(series_dir)
-            raise
     finally:
         new_pin.unlink(missing_ok=True)
         remove_tree(staging)

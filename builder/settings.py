@@ -14,6 +14,7 @@ import platformdirs
 
 from builder.errors import BuilderError
 from builder.target import load_toml
+from builder.urls import redact
 
 CACHE_ENV = "BUILDER_CACHE_DIR"
 DATA_ENV = "BUILDER_DATA_DIR"
@@ -78,7 +79,8 @@ class Mirrors:
 def _parse_rule(text: str, origin: str) -> tuple[str, str]:
     source, sep, target = text.partition("=")
     if not sep or not source or not target:
-        raise BuilderError(f"{origin}: mirror '{text}' must look like FROM=TO")
+        shown = "=".join(redact(part) for part in (source, target) if part) if sep else redact(text)
+        raise BuilderError(f"{origin}: mirror '{shown}' must look like FROM=TO")
     return source, target
 
 

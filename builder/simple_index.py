@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from html.parser import HTMLParser
-from urllib.parse import urljoin
+from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
 from packaging.utils import canonicalize_name
 
-from builder.errors import BuilderError, Unreachable
+from builder import http_client
+from builder.errors import BuilderError
 from builder.urls import redact
 
 JSON_ACCEPT = "application/vnd.pypi.simple.v1+json"
@@ -66,20 +65,41 @@ def parse_project_page(body: bytes, content_type: str, page_url: str) -> dict[st
 
 
 def read_project(simple_url: str, project: str) -> dict[str, IndexFile]:
-    """What the index holds for `project` (PEP 691 JSON if offered, else PEP 503 HTML)."""
+    """What the index holds for `project` (PEP 691 JSON if offered, else PEP 503 HTML). The
+    files' URLs keep the index's credentials only where they are on the index's own origin."""
     page = f"{simple_url.rstrip('/')}/{canonicalize_name(project)}/"
-    request = urllib.request.Request(page, headers={"Accept": f"{JSON_ACCEPT}, text/html;q=0.5"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return parse_project_page(
-                response.read(), response.headers.get("Content-Type", ""), response.url
-            )
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return {}
+    answer = http_client.get(
+        page, f"index {redact(simple_url)}", headers={"Accept": f"{JSON_ACCEPT}, text/html;q=0.5"}
+    )
+    if answer.status == 404:
+        return {}
+    if answer.status != 200:
+        hint = {
+            401: " (it wants credentials: in the URL, ~/.netrc or the keyring)",
+            403: " (it refused: check the credentials in the URL, ~/.netrc or the keyring)",
+        }.get(answer.status, "")
         raise BuilderError(
-            f"index {redact(simple_url)}: reading {project} answered {exc.code} {exc.reason}"
+            f"index {redact(simple_url)}: reading {project} answered {answer.status}{hint}"
+        )
+    try:
+        files = parse_project_page(answer.body, answer.headers.get("Content-Type", ""), answer.url)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise BuilderError(
+            f"index {redact(simple_url)}: its page for {project} is not a PEP 503/691 project page"
         ) from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise Unreachable(f"index {redact(simple_url)} is unreachable ({reason})") from None
+    return {name: _with_credentials(found, simple_url) for name, found in files.items()}
+
+
+def _with_credentials(found: IndexFile, simple_url: str) -> IndexFile:
+    """A file on the index's own origin is fetched with the index's credentials; one served
+    from elsewhere (files.pythonhosted.org for PyPI) is not given them."""
+    bare, credentials = http_client.split_credentials(simple_url)
+    if credentials is None or http_client.origin(found.url) != http_client.origin(bare):
+        return found
+    parts = urlsplit(found.url)
+    userinfo = ":".join(quote(part, safe="") for part in credentials)
+    return IndexFile(
+        found.filename,
+        urlunsplit(parts._replace(netloc=f"{userinfo}@{parts.netloc}")),
+        found.sha256,
+    )

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import pygit2
 from pygit2.enums import CheckoutStrategy, ObjectType
 
-from builder import progress, release
+from builder import http_client, progress, release
 from builder.cache import remove_tree, staging_dir
 from builder.errors import BuilderError, Unreachable
 from builder.settings import Mirrors
@@ -53,9 +53,11 @@ class Checkout:
 
 
 class _FetchProgress(pygit2.RemoteCallbacks):
-    def __init__(self, bar) -> None:
+    def __init__(self, bar, url: str = "") -> None:
         super().__init__()
         self._bar = bar
+        self._url = url
+        self._gave = False
 
     def transfer_progress(self, stats: pygit2.remotes.TransferProgress) -> None:
         if self._bar is None:  # one of several fetches side by side: counted by the caller
@@ -66,7 +68,20 @@ class _FetchProgress(pygit2.RemoteCallbacks):
     def credentials(self, url: str, username_from_url: str | None, allowed_types):
         if allowed_types & pygit2.enums.CredentialType.SSH_KEY:
             return pygit2.KeypairFromAgent(username_from_url or "git")
-        return None
+        # HTTP: the login written in the mirror URL, else ~/.netrc's (or the keyring's) for
+        # the host, given once; libgit2 asks again after a refusal, and that ends the fetch.
+        found = None
+        if not self._gave:
+            found = http_client.split_credentials(self._url or url)[1]
+            found = found or http_client.stored_credentials(url)
+        if found is not None and allowed_types & pygit2.enums.CredentialType.USERPASS_PLAINTEXT:
+            self._gave = True
+            return pygit2.UserPass(*found)
+        refused = "refused the credentials given" if self._gave else "asks for credentials"
+        raise BuilderError(
+            f"{redact(url)} {refused}: give USER:TOKEN@ in the mirror's URL (--mirror), or "
+            "the host's login in ~/.netrc or the keyring; none is printed or recorded"
+        )
 
 
 def _mirror_path(cache_dir: Path, url: str) -> Path:
@@ -107,7 +122,7 @@ def _fetch(
 ) -> None:
     remote = repo.remotes.create_anonymous(url)
     with progress.task(f"fetch {redact(url)}") if show else contextlib.nullcontext() as bar:
-        callbacks = _FetchProgress(bar)
+        callbacks = _FetchProgress(bar, url)
         try:
             if shallow:
                 try:
@@ -136,7 +151,7 @@ def _fetch_commit(repo: pygit2.Repository, url: str, commit: str, show: bool, wh
         try:
             remote.fetch(
                 [f"+{commit}:refs/builder/pinned/{commit}"],
-                callbacks=_FetchProgress(bar),
+                callbacks=_FetchProgress(bar, url),
                 depth=1,
             )
         except pygit2.GitError as exc:

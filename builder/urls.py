@@ -60,3 +60,13 @@ def redact(url: str) -> str:
     return urlunsplit(
         (parts.scheme, host, parts.path, _redacted_query(parts.query), parts.fragment)
     )
+
+
+# A URL inside free text: up to the first space, quote or bracket that cannot be in it.
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()]+")
+
+
+def scrub(text: str) -> str:
+    """`text` with every URL in it redacted: the last guard before a message is printed or
+    recorded, for a message that quotes a URL some library handed back."""
+    return _URL_IN_TEXT.sub(lambda match: redact(match.group(0)), text)

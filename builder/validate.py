@@ -104,6 +104,11 @@ def server_url(what: str, value: str) -> str:
         raise BuilderError(f"{what} '{redact(value)}': expected http://HOST:PORT")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise BuilderError(f"{what} '{redact(value)}': give the server root, e.g. http://HOST:PORT")
+    if parts.username is not None or parts.password is not None:
+        raise BuilderError(
+            f"{what} '{redact(value)}': credentials in the URL are not sent to a server; "
+            "sglang takes an API key: --api-key-file FILE"
+        )
     return value.rstrip("/")
 
 

@@ -262,10 +262,14 @@ def start_registry(root: Path, user: str, password: str) -> tuple[subprocess.Pop
 
 
 def start_pypiserver(
-    packages: Path | list[Path], log: Path, auth: tuple[str, str] | None = None
+    packages: Path | list[Path],
+    log: Path,
+    auth: tuple[str, str] | None = None,
+    private: bool = False,
 ) -> tuple[subprocess.Popen, int]:
     """pypiserver on loopback, serving one folder or several; uploads (to the first) need
-    `auth` (htpasswd), downloads need none."""
+    `auth` (htpasswd), downloads need none unless `private` (then listing and downloads ask
+    for it too, as an authenticated company proxy does)."""
     folders = packages if isinstance(packages, list) else [packages]
     port = free_port()
     command = [
@@ -275,7 +279,7 @@ def start_pypiserver(
     if auth:
         passwords = folders[0].parent / f"{folders[0].name}.htpasswd"
         htpasswd(passwords, *auth, bcrypt=False)
-        command += ["-a", "update", "-P", str(passwords)]
+        command += ["-a", "download,list,update" if private else "update", "-P", str(passwords)]
     else:
         command += ["-a", ".", "-P", "."]
     command += [str(folder) for folder in folders]

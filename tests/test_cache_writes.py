@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
 from builder.cache import atomic_copy, atomic_write_text
 
 
@@ -44,3 +46,30 @@ def test_concurrent_writers_of_one_file_all_finish_and_leave_one_whole_file(
         destination.name,
     ]
     assert oct(destination.stat().st_mode & 0o777) == "0o644"
+
+
+def test_ctrl_c_inside_an_uninterrupted_step_lands_after_it() -> None:
+    """`patches refresh` renames the series and then the pin: Ctrl-C between the two left
+    the new series with the old pin. The interrupt now waits for the step's end."""
+    import os
+    import signal
+
+    from builder.cache import uninterrupted
+
+    done = []
+    with pytest.raises(KeyboardInterrupt), uninterrupted():
+        os.kill(os.getpid(), signal.SIGINT)
+        done.append("first rename")
+        done.append("second rename")
+    assert done == ["first rename", "second rename"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_durable_replace_leaves_the_new_bytes_under_the_old_name(tmp_path) -> None:
+    from builder.cache import durable_replace
+
+    old, new = tmp_path / "pin.toml", tmp_path / ".pin.toml.new"
+    old.write_text("old\n")
+    new.write_text("new\n")
+    durable_replace(new, old)
+    assert old.read_text() == "new\n" and not new.exists()

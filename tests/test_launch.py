@@ -448,3 +448,61 @@ def test_refusals_and_sglang_s_choices_add_up_through_extends() -> None:
     with pytest.raises(BuilderError, match="dense FlashInfer MLA"):
         launch.resolve(known, "glm52-nvfp4-tp8-mtp", IMAGE,
                        launch.Overrides(extra_args=("--attention-backend", "flashinfer")))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--set", "mem_fraction_static=0.85\n    privileged: true"],
+        ["--extra-arg=--log-level\ndebug"],
+        ["--model", "/data/GLM\r\n# x"],
+    ],
+)
+def test_a_line_break_from_the_command_line_never_reaches_generated_files(
+    builder: Builder, tmp_path, given: list[str]
+) -> None:
+    """A --set value with a line break added lines to compose.yaml (its "Ready when" comment
+    carries the values as given)."""
+    out = tmp_path / "deploy"
+    result = builder.run(
+        "deploy-files", "--target", "sm120", *given, "--out", str(out), check=False
+    )
+    assert result.returncode == 1
+    assert "a line break or another control character is not allowed" in result.stderr
+    assert not out.exists() or not any(out.iterdir())
+
+
+def _recipe_profiles(volumes: list[dict]) -> launch.Profiles:
+    """Profiles as an image's recipe carries them (written by whoever pushed the image)."""
+    profile = {
+        "args": ["--model-path", "{model}", "--port", "{port}"],
+        "params": {"model": "org/model", "port": "30000", "cache": "/var/lib/sglang/c"},
+        "volumes": volumes,
+    }
+    return launch.Profiles({"p": profile}, "p", "registry.example/x@sha256:0:recipe")
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["/var/run/docker.sock", "/", "/etc", "/var/lib/sglang/../../etc", "/var/lib/sglangx", "rel"],
+)
+def test_a_recipe_does_not_choose_what_it_mounts_read_write(host: str) -> None:
+    with pytest.raises(BuilderError, match=r"volume .* refused: a profile mounts read-write only"):
+        launch.resolve(
+            _recipe_profiles([{"host": host, "container": "/x"}]), "p", IMAGE, launch.Overrides()
+        )
+
+
+def test_profile_volumes_under_the_state_folder_or_the_operator_s_own_are_mounted() -> None:
+    profiles = _recipe_profiles([{"host": "{cache}", "container": "/root/.cache/sglang"}])
+    recipe = launch.resolve(profiles, "p", IMAGE, launch.Overrides())
+    assert ("/var/lib/sglang/c", "/root/.cache/sglang", "rw") in recipe.volumes
+    chosen = launch.Overrides(params=(("cache", "/srv/sglang-cache"),))
+    recipe = launch.resolve(profiles, "p", IMAGE, chosen)
+    assert ("/srv/sglang-cache", "/root/.cache/sglang", "rw") in recipe.volumes
+    profile = profiles.profiles["p"]
+    root = launch.Profiles(
+        {"p": {**profile, "params": {**profile["params"], "cache": "/"}}}, "p", "recipe"
+    )
+    with pytest.raises(BuilderError, match=r"'/' refused: .* \(or --set cache=DIR\)"):
+        launch.resolve(root, "p", IMAGE, launch.Overrides())

@@ -179,3 +179,47 @@ def test_a_file_added_beside_the_dockerfile_is_seen(tmp_path: Path) -> None:
     assert inputs.unchanged()
     (recipe / "extra.py").write_text("")
     assert not inputs.unchanged()
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda record: record["manifest"]["image"].update(
+            pushed={"reference": "registry.example/x@sha256:" + "0" * 64}
+        ),
+        lambda record: record["output"]["json"]["image"].update(pushed={"reference": "x"}),
+        lambda record: record["manifest"].update(
+            wheels={"sglang": {"published": [{"index": "https://pypi.internal/"}]}}
+        ),
+        lambda record: record.update(images={}),  # names no image: nothing for the daemon to check
+        lambda record: record.update(reference="other:t"),
+    ],
+    ids=["pushed", "pushed-output", "published", "no-image", "other-image"],
+)
+def test_a_record_claiming_more_than_a_plain_build_did_is_not_believed(
+    tmp_path: Path, monkeypatch, forge
+) -> None:
+    """A record is written by builder but read from a folder anyone with the cache can edit:
+    one that says a push or a publish happened is never replayed into a manifest."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["image", "--json", "--cache-dir", str(tmp_path / "cache")]
+    path = _saved(tmp_path, argv)
+    monkeypatch.setattr(noop, "_images_unchanged", lambda record: True)  # no daemon here
+    record = json.loads(path.read_text())
+    forge(record)
+    path.write_text(json.dumps(record))
+    assert noop.replay(argv) is None
+    assert not (tmp_path / "manifests").exists()
+
+
+def test_a_build_that_pushed_is_never_recorded(tmp_path: Path) -> None:
+    inputs = _inputs(tmp_path / "data", ("image", "--json"))
+    image = {"reference": "r:t", "pushed": {"reference": "registry.example/x@sha256:1"}}
+    manifest = tmp_path / "manifests" / "m.json"
+    noop.save(
+        inputs, cache_dir=tmp_path / "cache", wheel_files=[], images={"r:t": "sha256:1"},
+        manifest_dir=manifest.parent, manifest_tag="t", manifest={"image": image}, sbom=None,
+        output_json={"image": image, "manifest": str(manifest)},
+        lines=[f"manifest {manifest}"], written=manifest,
+    )  # fmt: skip
+    assert not (tmp_path / "cache" / noop.RECORDS).exists()

@@ -83,3 +83,46 @@ def test_without_credentials_a_protected_registry_is_one_clear_line(registry, mo
     monkeypatch.setenv("DOCKER_CONFIG", "/nonexistent")
     with pytest.raises(BuilderError, match="the registry wants credentials"):
         registry_api.labels(f"{registry}/vm/labels:v1")
+
+
+_GOOD_FACTS = {
+    "schema_version": 1,
+    "target": {"name": "sm120", "description": "d", "cuda_version": "13.0.1", "arch_list": ["12.0f"]},
+    "profiles": {"default": "p", "profiles": {"p": {"args": ["--port", "{port}"],
+                                                     "params": {"port": "30000"}}}},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("label", "words"),
+    [
+        ("not json", "not a JSON object"),
+        (json.dumps([1, 2]), "not a JSON object"),
+        (json.dumps({**_GOOD_FACTS, "target": "sm120"}), "target is not an object"),
+        (
+            json.dumps({**_GOOD_FACTS, "target": {**_GOOD_FACTS["target"], "name": "\x1b[2J\x1b]0;x\x07"}}),
+            "a control character in target.name",
+        ),
+        (json.dumps({**_GOOD_FACTS, "profiles": {"default": "q", "profiles": {"p": {}}}}), "names no profile"),
+        ("[" * 50_000, "not a JSON object"),
+    ],
+)  # fmt: skip
+def test_a_launch_label_that_is_not_a_recipe_is_one_line_on_a_daemon_less_vm(
+    registry, builder, label: str, words: str
+) -> None:
+    """Whoever can push a tag writes the image's labels: `launch --image` checks what it
+    reads (it exited 2 or printed escape sequences before)."""
+    _push_image(registry, "vm/forged", "v1", {"io.builder.launch": label})
+    env = {**CREDS, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+    result = builder.run("launch", "--image", f"{registry}/vm/forged:v1", env=env, check=False)
+    assert result.returncode == 1, result.stderr
+    assert "not a recipe builder wrote" in result.stderr and words in result.stderr
+    assert "\x1b" not in result.stdout + result.stderr and "internal error" not in result.stderr
+
+
+def test_a_good_label_launches_on_a_daemon_less_vm(registry, builder) -> None:
+    _push_image(registry, "vm/good", "v1", {"io.builder.launch": json.dumps(_GOOD_FACTS)})
+    env = {**CREDS, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+    result = builder.run("launch", "--image", f"{registry}/vm/good:v1", env=env, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "--port 30000" in result.stdout

@@ -167,16 +167,25 @@ def test_the_api_key_is_never_sent_across_a_redirect() -> None:
     assert status == 302 and seen == []
 
 
-def test_an_index_token_in_a_requirements_file_is_refused_like_the_flag(builder, tmp_path) -> None:
-    """--runtime-requirements is copied into the image: its option lines are checked too."""
+@pytest.mark.parametrize(
+    ("text", "number"),
+    [
+        ("--extra-index-url https://ci:t0ps3cret@pypi.internal/simple\ntorch==2.9.1\n", 1),
+        # A comment goes into the image too (the file is copied as it is).
+        ("torch==2.9.1\n# was: --extra-index-url=https://ci:t0ps3cret@pypi.internal/simple\n", 2),
+        ("torch==2.9.1  #https://ci:t0ps3cret@pypi.internal/simple\n", 1),
+    ],
+)
+def test_an_index_token_in_a_requirements_file_is_refused_like_the_flag(
+    builder, tmp_path, text: str, number: int
+) -> None:
+    """--runtime-requirements is copied into the image: every line of it is checked."""
     requirements = tmp_path / "runtime.txt"
-    requirements.write_text(
-        "--extra-index-url https://ci:t0ps3cret@pypi.internal/simple\ntorch==2.9.1\n"
-    )
+    requirements.write_text(text)
     result = builder.run("image", "--runtime-requirements", str(requirements), check=False)
     assert result.returncode == 1
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith(f"error: {requirements}:1: https://pypi.internal/simple")
+    assert line.startswith(f"error: {requirements}:{number}: https://pypi.internal/simple")
     assert "t0ps3cret" not in result.stderr + result.stdout
     assert not builder.wheelhouse.exists()
 

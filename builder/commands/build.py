@@ -121,10 +121,10 @@ def _image_options(args: argparse.Namespace, ctx: pipeline.Context) -> image.Ima
     if requirements:
         listed = lock.parse(requirements)
         lock.refuse_excluded(listed, target.image.exclude_requirements)
-        # The file is copied into the image: an index URL with a token in it is refused
-        # exactly like the same URL given as --pip-extra-index-url.
-        for number, line in lock.requirement_lines(listed.text):
-            for word in line.replace("=", " ").split():
+        # The file is copied into the image as it is, comments included: an index URL with a
+        # token anywhere in it is refused exactly like the same URL as --pip-extra-index-url.
+        for number, line in enumerate(listed.text.splitlines(), 1):
+            for word in line.replace("=", " ").replace("#", " ").split():
                 if "://" in word:
                     provenance.refuse_credentials_in_build_args(f"{requirements}:{number}:", word)
     modules = (

@@ -128,9 +128,15 @@ def say_receipt(client, image: str) -> str | None:
     except BuilderError as exc:
         progress.warn(str(exc))
         return None
-    line = (
-        receipts.summary(receipt) if receipt else f"no qualify receipt for {image} in its registry"
-    )
+    if not receipt:
+        line = f"no qualify receipt for {image} in its registry"
+    else:
+        try:
+            said = receipts.summary(receipt)
+        except (KeyError, TypeError, AttributeError, IndexError, ValueError):
+            said = "a receipt builder qualify did not write"
+        # Whoever can push a tag can push a receipt: what it says is theirs, shown as such.
+        line = f"{readiness.printable(said, 300)} (as its pusher recorded it; qualify here to know)"
     progress.info(escape(line))
     return line
 

@@ -1,0 +1,214 @@
+"""A fuzz pass over what builder reads from outside: data files a site edits (pin.toml,
+target.toml, profiles.toml), what a registry hands back (an image's launch label), what a
+server answers (/server_info). Each starts from the real file or answer and changes one
+value at a time to another type, shape or text (hypothesis, a bounded number of examples
+each): builder must answer with its own one-line error (BuilderError) or work, never with
+a traceback, and never read without bound.
+
+`BUILDER_FUZZ_EXAMPLES` raises the number of examples for a longer run (default: short).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomlkit
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from builder import launch, readiness, recipe
+from builder.errors import BuilderError
+from builder.target import load_fork, load_target
+from tests.conftest import GOOD_INFO, REPO_ROOT
+
+EXAMPLES = int(os.environ.get("BUILDER_FUZZ_EXAMPLES", "60"))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,  # the same examples on every run: a red CI run is reproducible
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+IMAGE = "registry.example/ml/sglang-sm120@sha256:" + "a" * 64
+
+_TEXT = st.one_of(
+    st.text(max_size=40),
+    st.sampled_from(["", " ", "\x1b[2J", "a\nb", "../../etc", "{model}", "{nope}", "-1", "nan"]),
+)
+_SCALAR = st.one_of(
+    _TEXT,
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+)
+_VALUE = st.recursive(
+    _SCALAR,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def _paths(value: Any, at: tuple = ()) -> list[tuple]:
+    """Every place in a parsed document where a value can be swapped or removed."""
+    found = [at] if at else []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += _paths(item, (*at, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found += _paths(item, (*at, index))
+    return found
+
+
+@st.composite
+def _mutated(draw, document: dict) -> dict:
+    """`document` with one to three of its values replaced by any value, or removed, or a
+    key added."""
+    changed = copy.deepcopy(document)
+    places = _paths(changed)
+    for _ in range(draw(st.integers(min_value=1, max_value=3))):
+        path = draw(st.sampled_from(places))
+        parent = changed
+        try:
+            for key in path[:-1]:
+                parent = parent[key]
+            action = draw(st.sampled_from(["replace", "remove", "add"]))
+            if action == "remove":
+                del parent[path[-1]]
+            elif action == "add" and isinstance(parent, dict):
+                parent[draw(st.text(min_size=1, max_size=12))] = draw(_VALUE)
+            else:
+                parent[path[-1]] = draw(_VALUE)
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier change removed or replaced this place
+    return changed
+
+
+def _toml(document: dict) -> str | None:
+    """TOML text for the document, or None where TOML cannot hold it (nan keys, None...)."""
+    try:
+        return tomlkit.dumps(document)
+    except Exception:
+        return None
+
+
+def _refused_or_fine(call) -> None:
+    try:
+        call()
+    except BuilderError as exc:
+        message = str(exc)
+        assert "\n" not in message.strip(), f"not one line: {message!r}"
+    except RecursionError:
+        pytest.fail("unbounded recursion on a data file")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fuzz-data")
+    for folder in ("images", "forks"):
+        shutil.copytree(REPO_ROOT / folder, root / folder)
+    return root
+
+
+def _real(path: str) -> dict:
+    return tomllib.loads((REPO_ROOT / path).read_text())
+
+
+@FUZZ
+@given(document=_mutated(_real("forks/sglang/pin.toml")))
+def test_pin_toml(data: Path, document: dict) -> None:
+    text = _toml(document)
+    if text is None:
+        return
+    path = data / "forks/sglang/pin.toml"
+    original = path.read_text()
+    path.write_text(text)
+    try:
+        _refused_or_fine(lambda: load_fork(data, "sglang"))
+    finally:
+        path.write_text(original)
+
+
+@FUZZ
+@given(document=_mutated(_real("images/sm120/target.toml")))
+def test_target_toml(data: Path, document: dict) -> None:
+    text = _toml(document)
+    if text is None:
+        return
+    path = data / "images/sm120/target.toml"
+    original = path.read_text()
+    path.write_text(text)
+    try:
+        _refused_or_fine(lambda: load_target(data, "sm120"))
+    finally:
+        path.write_text(original)
+
+
+def _every_profile(profiles: launch.Profiles) -> None:
+    for name in profiles.profiles:
+        recipe_ = launch.resolve(profiles, name, IMAGE, launch.Overrides())
+        launch.compose_file(recipe_)
+        launch.systemd_unit(recipe_, "/etc/sglang/x")
+
+
+@FUZZ
+@given(document=_mutated(_real("images/sm120/profiles.toml")))
+def test_profiles_toml(data: Path, document: dict) -> None:
+    text = _toml(document)
+    if text is None:
+        return
+    path = data / "images/sm120/profiles.toml"
+    original = path.read_text()
+    path.write_text(text)
+    try:
+        _refused_or_fine(lambda: _every_profile(launch.Profiles.of(data / "images/sm120/x")))
+    finally:
+        path.write_text(original)
+
+
+def _launch_label() -> dict:
+    profiles, default = launch.load_profiles(REPO_ROOT / "images/sm120/target.toml")
+    return {
+        "schema_version": recipe.SCHEMA_VERSION,
+        "target": {"name": "sm120", "description": "d", "cuda_version": "13.0.1",
+                   "arch_list": ["12.0f"]},
+        "profiles": {"default": default, "profiles": profiles},
+    }  # fmt: skip
+
+
+@FUZZ
+@given(label=_mutated(_launch_label()))
+def test_an_image_s_launch_label(label: dict) -> None:
+    """What `launch --image` reads from a registry: checked, then resolved into files."""
+
+    def use() -> None:
+        facts = recipe.checked_facts(json.loads(json.dumps(label)), "label")
+        _every_profile(recipe.profiles_of(facts, "ref"))
+
+    _refused_or_fine(use)
+
+
+@FUZZ
+@given(info=_mutated({**GOOD_INFO, "internal_states": [{"avg_spec_accept_length": 3.1}]}))
+def test_server_info(info: dict) -> None:
+    """/server_info as wait-ready reads it: any JSON a server sends is a verdict's words."""
+    body = json.dumps(info).encode()
+    parsed = readiness._json_object(body)
+    assert parsed is not None
+    wrong = readiness.check_server_info(parsed, {key: GOOD_INFO[key] for key in GOOD_INFO})
+    assert all(line.isprintable() for line in wrong)
+
+
+@FUZZ
+@given(body=st.binary(max_size=200) | st.sampled_from([b"[" * 20_000, b"{" * 20_000, b"1e999"]))
+def test_server_info_bytes(body: bytes) -> None:
+    parsed = readiness._json_object(body)
+    assert parsed is None or isinstance(parsed, dict)
