@@ -176,7 +176,7 @@ def load_profiles(target_file: Path) -> tuple[dict[str, dict], str]:
     if not isinstance(profiles, dict) or not profiles:
         raise BuilderError(f"{path}: field 'profiles' must hold at least one profile")
     default = data.get("default", next(iter(profiles)))
-    if default not in profiles:
+    if not isinstance(default, str) or default not in profiles:
         raise BuilderError(f"{path}: field 'default' names unknown profile '{default}'")
     for name in profiles:
         _fallback(_flatten(profiles, name, path), name, path)
@@ -189,7 +189,7 @@ def _flatten(profiles: dict[str, dict], name: str, path: Path | str, seen: tuple
         raise BuilderError(f"{path}: unknown profile '{name}' (profiles: {known})")
     if name in seen:
         raise BuilderError(f"{path}: profile '{name}' extends itself")
-    profile = dict(profiles[name])
+    profile = dict(_checked_shape(profiles[name], name, path))
     parent_name = profile.pop("extends", None)
     if not parent_name:
         return profile
@@ -204,6 +204,64 @@ def _flatten(profiles: dict[str, dict], name: str, path: Path | str, seen: tuple
         if listed in parent and listed in profile:
             merged[listed] = [*parent[listed], *profile[listed]]
     return merged
+
+
+_SCALAR = (str, int, float, bool)
+# Each field a profile may hold, and what it must be: a profile is read from profiles.toml or
+# from an image's recipe (whoever pushed the image wrote that one).
+_FIELDS: dict[str, str] = {
+    "args": "strings", "extra_args": "strings", "chosen_by_sglang": "strings",
+    "params": "table", "env": "table", "expect": "table", "fallback": "table",
+    "volumes": "volumes", "refuse": "refusals",
+    "description": "string", "warning": "string", "container_name": "string",
+    "shm_size": "string", "extends": "string",
+    "experimental": "bool", "needs_peer_access": "bool",
+    "ready_deadline_minutes": "number", "min_gpu_memory_gib": "number",
+}  # fmt: skip
+
+
+_SHAPE_NAMES = {
+    "strings": "a list of strings",
+    "table": "a table of plain values",
+    "volumes": "a list of {host, container} tables",
+    "refusals": "a list of {flag, values, why} tables",
+}
+
+
+def _shape_ok(kind: str, value: object) -> bool:
+    if kind == "strings":
+        return isinstance(value, list) and all(isinstance(item, str) for item in value)
+    if kind == "table":
+        return isinstance(value, dict) and all(isinstance(v, _SCALAR) for v in value.values())
+    if kind == "volumes":
+        return isinstance(value, list) and all(
+            isinstance(v, dict) and isinstance(v.get("host"), str)
+            and isinstance(v.get("container"), str) for v in value
+        )  # fmt: skip
+    if kind == "refusals":
+        keys = ("flag", "values", "why")
+        return isinstance(value, list) and all(
+            isinstance(v, dict) and all(isinstance(v.get(k), str) for k in keys) for v in value
+        )
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, str)
+
+
+def _checked_shape(profile: object, name: str, path: Path | str) -> dict:
+    """A profile whose every known field has the type builder uses it as; one line naming
+    the first that does not (an unknown field is left alone, as a newer builder's)."""
+    if not isinstance(profile, dict):
+        raise BuilderError(f"{path}: profile '{name}' must be a table")
+    for key, kind in _FIELDS.items():
+        if key in profile and not _shape_ok(kind, profile[key]):
+            shown = _SHAPE_NAMES.get(kind, f"a {kind}")
+            raise BuilderError(f"{path}: profile '{name}' field '{key}' must be {shown}")
+    if "args" not in profile and not profile.get("extends"):
+        raise BuilderError(f"{path}: profile '{name}' has no 'args' (and extends no profile)")
+    return profile
 
 
 def profile_number(profile: dict, key: str, default: float, where: str) -> float:

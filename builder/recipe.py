@@ -217,7 +217,7 @@ def checked_facts(facts: object, where: str) -> dict:
     known = profiles["profiles"]
     if not known or not all(isinstance(p, dict) for p in known.values()):
         raise fail("profiles.profiles holds something that is not a profile")
-    if profiles.get("default") not in known:
+    if not isinstance(profiles.get("default"), str) or profiles["default"] not in known:
         raise fail("profiles.default names no profile")
     return facts
 
