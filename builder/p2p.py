@@ -27,6 +27,7 @@ from builder.p2p_host import (
     iommu,
     parse_gpu_ids,
     parse_switches,
+    summary,
     virtualisation,
 )
 
@@ -285,7 +286,7 @@ def _host_checks(what: str, mode: Iommu, switches: list[Switch], facts: HostFact
     if facts.lspci is None:
         checks.append(Check("pcie switches", SKIP, "lspci not found (apt-get install pciutils)"))
     elif switches:
-        checks.append(Check("pcie switches", OK, "; ".join(s.describe() for s in switches)))
+        checks.append(Check("pcie switches", OK, summary(switches)))
     else:
         inside = " (in a VM lspci shows the VM's bridges: look on the Proxmox host)"
         checks.append(Check("pcie switches", OK, "no Broadcom PEX switch in lspci"
@@ -305,7 +306,7 @@ def _bandwidth_check(
         return Check("p2p bandwidth", SKIP, f"not measured ({pairs.get('detail', 'no pairs')})")
     low = min(found, key=lambda d: d.gbps)
     spread = (f"median {median:.1f} GB/s over {len(found)} directions, slowest "
-              f"{low.name()} {low.gbps:.1f}")  # fmt: skip
+              f"{low.name()} {low.gbps:.1f} GB/s")  # fmt: skip
     if not slow:
         return Check("p2p bandwidth", OK, spread)
     named = ", ".join(
@@ -377,7 +378,7 @@ def _settings(
     elif refused:
         why = f"no peer access between {', '.join(refused[:4])}"
     elif slow or _stage_broken(pairs):
-        why = f"collapsed pair {slow[0].name()}: {reasons[0]}" if slow else reasons[0]
+        why = f"collapsed pair: {reasons[0]}" if slow else reasons[0]
     elif ipc.get("status") != "ok":
         status = ipc.get("status", "not run")
         why = f"FlashInfer's PCIe IPC all-reduce {status}: {ipc.get('detail', '')}"

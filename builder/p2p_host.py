@@ -42,7 +42,7 @@ class HostFacts:
     cmdline: str | None = None  # /proc/cmdline
     sys_vendor: str | None = None  # /sys/class/dmi/id/sys_vendor
     product_name: str | None = None  # /sys/class/dmi/id/product_name
-    detect_virt: str | None = None  # `systemd-detect-virt` ("none" on bare metal)
+    detect_virt: str | None = None  # `systemd-detect-virt --vm` ("none" on bare metal)
     cpu_hypervisor: bool | None = None  # the "hypervisor" flag in /proc/cpuinfo
     gpu_ids: str | None = None  # nvidia-smi --query-gpu=index,uuid,pci.bus_id
     topology: str | None = None  # nvidia-smi topo -m
@@ -81,7 +81,8 @@ def _gpu_iommu_types(root: Path) -> dict[str, str] | None:
 
 
 def _detect_virt() -> str | None:
-    """systemd-detect-virt's answer; it prints "none" and exits 1 on bare metal."""
+    """`systemd-detect-virt --vm`: the hypervisor (kvm, vmware ...), or "none" (it exits 1
+    then) on bare metal; --vm leaves containers out (doctor may run in one on a VM)."""
     if not shutil.which("systemd-detect-virt"):
         return None
     try:
@@ -123,10 +124,6 @@ class Switch:
     def collapse_family(self) -> bool:
         return self.device in PEX890XX
 
-    def describe(self) -> str:
-        chip = f" ({self.chip})" if self.chip else ""
-        return f"{self.slot} Broadcom {self.name}{chip} [{BROADCOM}:{self.device}]"
-
 
 _ID = re.compile(r"\[([0-9a-f]{4})\]\s*$")
 _LINE = re.compile(
@@ -138,6 +135,23 @@ def _name(value: str) -> tuple[str, str]:
     """`PEX890xx PCIe Gen 5 Switch [c030]` -> (name, id)."""
     found = _ID.search(value)
     return (value[: found.start()].strip(), found.group(1)) if found else (value.strip(), "")
+
+
+def summary(switches: list[Switch]) -> str:
+    """`Broadcom PEX890xx PCIe Gen 5 Switch (PEX89144) [1000:c030]: 10 bridge functions
+    (41:00.0, 42:00.0, ...)`, one clause per kind."""
+    kinds: dict[tuple[str, str, str], list[str]] = {}
+    for switch in switches:
+        kinds.setdefault((switch.name, switch.chip, switch.device), []).append(switch.slot)
+    clauses = []
+    for (name, chip, device), slots in kinds.items():
+        shown = ", ".join(slots[:3]) + (", ..." if len(slots) > 3 else "")
+        chip_text = f" ({chip})" if chip else ""
+        clauses.append(
+            f"Broadcom {name}{chip_text} [{BROADCOM}:{device}]: {len(slots)} bridge "
+            f"function(s) ({shown})"
+        )
+    return "; ".join(clauses)
 
 
 def parse_switches(lspci: str | None) -> list[Switch]:

@@ -163,6 +163,23 @@ def _results(work: Path, name: str, ranks: int) -> list[dict | None]:
     return found
 
 
+def where_ranks_were(progress: list[str]) -> str:
+    """`ranks 0-7: all_reduce 12288 B: first call`, or one clause per step the ranks were at."""
+    steps: dict[str, list[int]] = {}
+    for rank, step in enumerate(progress):
+        steps.setdefault(step, []).append(rank)
+    clauses = []
+    for step, ranks in steps.items():
+        if len(ranks) == 1:
+            who = f"rank {ranks[0]}"
+        elif ranks == list(range(ranks[0], ranks[-1] + 1)):
+            who = f"ranks {ranks[0]}-{ranks[-1]}"
+        else:
+            who = f"ranks {', '.join(map(str, ranks))}"
+        clauses.append(f"{who}: {step}")
+    return "; ".join(clauses)
+
+
 def run_stage(
     stage: str, world: int, args: argparse.Namespace, env: dict[str, str], work: Path,
     name: str | None = None,
@@ -185,7 +202,7 @@ def run_stage(
     outcome: dict = {"status": ran["status"], "seconds": ran["seconds"], "world": world}
     errors = [r["error"] for r in results if r and r.get("error")]
     if ran["status"] == "hung":
-        where = "; ".join(f"rank {rank}: {text}" for rank, text in enumerate(ran["progress"]))
+        where = where_ranks_were(ran["progress"])
         outcome["detail"] = f"no answer within {args.stage_timeout:g} s ({where})"
         outcome["hung_at"] = ran["progress"]
     elif errors or ran["status"] == "failed":
@@ -263,7 +280,8 @@ def probe(args: argparse.Namespace, work: Path) -> dict:
         "stage_timeout_s": args.stage_timeout,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "nvidia_smi": {
-            "gpus": _smi("--query-gpu=index,name,uuid,pci.bus_id", "--format=csv,noheader"),
+            # The columns of builder/p2p_host.py's GPU_IDS_QUERY, then the name.
+            "gpus": _smi("--query-gpu=index,uuid,pci.bus_id,name", "--format=csv,noheader"),
             "topology": _smi("topo", "-m"),
         },
     }
@@ -285,9 +303,9 @@ def probe(args: argparse.Namespace, work: Path) -> dict:
     smi = _smi_rows(result["nvidia_smi"]["gpus"])
     if len(smi) == len(gpus) and "CUDA_VISIBLE_DEVICES" not in os.environ:
         for gpu, row in zip(gpus, smi, strict=True):  # what this torch does not report
-            if len(row) == 4:
-                gpu["uuid"] = gpu.get("uuid") or row[2]
-                gpu["pci_bus_id"] = gpu.get("pci_bus_id") or row[3]
+            if len(row) >= 3:
+                gpu["uuid"] = gpu.get("uuid") or row[1]
+                gpu["pci_bus_id"] = gpu.get("pci_bus_id") or row[2]
     result.update(cuda=True, gpus=gpus)
     count = len(gpus)
     world = args.world or count
@@ -384,7 +402,9 @@ def pcie_ipc(args: argparse.Namespace, env: dict[str, str], work: Path, world: i
             f"{', '.join(map(str, PCIE_IPC_WORLDS))} ranks only"
         )
         return {**outcome, "module": module}
-    return _judged(run_stage("pcie-ipc", world, args, ipc_env, work), world)
+    judged = _judged(run_stage("pcie-ipc", world, args, ipc_env, work), world)
+    judged["launch_policy"] = "seed (an empty autotune folder: nothing tuned)"
+    return judged
 
 
 # --- the children: one stage each, torch imported here --------------------------------
@@ -723,8 +743,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage:
         return run_child(args)
     # SIGTERM (docker stop, a timeout) unwinds like Ctrl-C: the ranks are killed on the way.
+    previous = None
     with contextlib.suppress(ValueError):  # not the main thread (in-process callers)
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="builder-p2p-"))
     try:
@@ -735,6 +756,8 @@ def main(argv: list[str] | None = None) -> int:
                   "traceback": traceback.format_exc()[-3000:]}  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     result["seconds"] = round(time.monotonic() - started, 1)
     text = json.dumps(result, indent=2, sort_keys=True)
     if args.out:
