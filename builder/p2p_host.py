@@ -86,7 +86,9 @@ def _detect_virt() -> str | None:
     if not shutil.which("systemd-detect-virt"):
         return None
     try:
-        done = subprocess.run(["systemd-detect-virt"], capture_output=True, text=True, timeout=10)
+        done = subprocess.run(
+            ["systemd-detect-virt", "--vm"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() or None
