@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -451,3 +452,46 @@ def test_doctor_p2p_bad_input_is_one_line(tmp_path) -> None:
     assert done.stderr.strip().splitlines()[-1] == (
         f"error: --probe-result {tmp_path / 'missing.json'}: no such file"
     )
+
+
+def test_doctor_p2p_prints_each_check_the_verdict_and_the_record(tmp_path) -> None:
+    """One GPU (as the lent H200): what it cannot measure is SKIP, and that passes."""
+    _, facts = _case("one-h200")
+    smi = _fake_nvidia_smi(tmp_path / "smi", facts)
+    cache = tmp_path / "cache"
+    done = _builder(
+        "doctor", "--p2p", "--target", "sm120", "--probe-result",
+        str(DATA / "one-h200" / "probe.json"), "--sglang-cache", str(cache), smi=smi,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("ok   probe: 1 GPU(s) (NVIDIA H200)")
+    assert "SKIP peer access: one GPU: no pair to measure" in lines
+    assert all(line.split()[0] in ("ok", "FAIL", "SKIP", "fix:", "verdict:", "record:", "cause:")
+               for line in lines)  # fmt: skip
+    assert lines[-2].startswith("verdict: healthy; NCCL: the profile's settings; -pcie-ar")
+    (record,) = (cache / "builder-p2p").glob("gpus-*.json")
+    assert lines[-1].startswith(f"record: {record} (builder launch, deploy-files and qualify")
+
+
+def test_doctor_p2p_without_a_docker_daemon_could_not_check(tmp_path) -> None:
+    """Exit 9 (could not check), not 1: nothing was measured, nothing found wrong."""
+    data = tmp_path / "data"
+    for folder in ("images", "forks"):  # a data directory: no manifests in the checkout
+        shutil.copytree(REPO_ROOT / folder, data / folder)
+    manifest = _manifest(tmp_path)
+    (data / "manifests" / "sm120").mkdir(parents=True)
+    shutil.copy(manifest, data / "manifests" / "sm120" / "20260101T000000Z-test.json")
+    done = subprocess.run(
+        [sys.executable, "-m", "builder.cli", "doctor", "--p2p", "--target", "sm120",
+         "--data-dir", str(data), "--sglang-cache", str(tmp_path / "cache")],
+        capture_output=True, text=True, cwd=REPO_ROOT,
+        env={**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"},
+    )  # fmt: skip
+    assert done.returncode == 9
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"error: cannot reach the Docker daemon at unix://{tmp_path}/no-docker.sock")
+    )
+    assert not (tmp_path / "cache").exists()
