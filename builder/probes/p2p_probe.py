@@ -21,8 +21,9 @@ Stages (each with its own timeout; `status` ok, failed, hung or skipped, and `de
   GLM-5 decode step reduces (hidden 6144 bf16 x batch 1, 8, 32, 128, 256), with the
   --nccl-env given (a profile's NCCL_*), then again with NCCL_P2P_DISABLE=1;
 - pcie_ipc: FlashInfer's PCIe IPC all-reduce at the same sizes, JIT disabled
-  (FLASHINFER_DISABLE_JIT=1: the kernel must come from the installed kernel wheel); its
-  words when it refuses. World sizes 2, 4 and 8 only; otherwise only the module load.
+  (FLASHINFER_DISABLE_JIT=1: the kernel must come from the installed kernel wheel), its
+  control collectives on NCCL with P2P off; its words when it refuses. World sizes 2, 4
+  and 8 only; otherwise only the module load.
 """
 
 from __future__ import annotations
@@ -386,8 +387,11 @@ def pcie_ipc(args: argparse.Namespace, env: dict[str, str], work: Path, world: i
     if importlib.util.find_spec("flashinfer") is None:
         why = f"flashinfer is not installed in this Python ({sys.executable})"
         return skipped(why) if args.pcie_ipc == "auto" else {"status": "failed", "detail": why}
+    # The workspace's own small collectives go over NCCL, as in sglang, with P2P off: a
+    # hang here is then the IPC kernels', not NCCL's P2P (the nccl stage judges that).
     ipc_env = {
-        **env,
+        **{k: v for k, v in env.items() if k != "NCCL_P2P_LEVEL"},
+        "NCCL_P2P_DISABLE": "1",
         "FLASHINFER_DISABLE_JIT": "1",  # the kernel wheel's module, or FlashInfer's refusal
         "FLASHINFER_WORKSPACE_BASE": str(work / "flashinfer-workspace"),
         "FLASHINFER_AUTOTUNE_DIR": str(work / "flashinfer-autotune"),
@@ -404,6 +408,7 @@ def pcie_ipc(args: argparse.Namespace, env: dict[str, str], work: Path, world: i
         return {**outcome, "module": module}
     judged = _judged(run_stage("pcie-ipc", world, args, ipc_env, work), world)
     judged["launch_policy"] = "seed (an empty autotune folder: nothing tuned)"
+    judged["env"] = _nccl_env(ipc_env)
     return judged
 
 
@@ -587,8 +592,8 @@ def stage_all_reduce(stage: Stage, args: argparse.Namespace, kind: str) -> None:
         spec = gen_pcie_ipc_comm_module()
         out.update(flashinfer=flashinfer.__version__, is_aot=bool(spec.is_aot),
                    aot_path=str(spec.aot_path))  # fmt: skip
-        stage.at("init_process_group (gloo)")
-        _init_group(torch, dist, args, "gloo")
+        stage.at("init_process_group (NCCL, P2P off: the workspace's control collectives)")
+        _init_group(torch, dist, args, "nccl")
         stage.at("PcieIpcAllReduceWorkspace: peer buffers over CUDA IPC")
         workspace = PcieIpcAllReduceWorkspace(
             group=dist.group.WORLD, max_numel=max(BATCHES) * HIDDEN, dtype=torch.bfloat16
