@@ -22,6 +22,7 @@ from builder.target import load_target
 
 docker_client = lazy_module("builder.docker_client")
 doctor = lazy_module("builder.doctor")
+doctor_p2p = lazy_module("builder.commands.doctor_p2p")
 image_recipe = lazy_module("builder.recipe")
 launch = lazy_module("builder.launch")
 manifest = lazy_module("builder.manifest")
@@ -86,6 +87,9 @@ def cmd_doctor(args: argparse.Namespace) -> None:
     recipe = launch.resolve(known, args.profile, args.image or "-", launch.Overrides())
     profile = launch.flattened(known, recipe.profile)
     tp = _tp_size(recipe.args)
+    if args.p2p:
+        doctor_p2p.run(args, recipe, tp)
+        return
     compute_cap = arch_list[0].rstrip("af")
 
     gpu_text = doctor.run_command(doctor.GPU_QUERY)
@@ -206,15 +210,34 @@ def register(sub) -> None:
 
     doctor_cmd = sub.add_parser(
         "doctor",
-        help="check a GPU VM: driver, GPUs, memory, runtime, shm, topology, image",
+        help="check a GPU VM: driver, GPUs, memory, runtime, shm, topology, image; --p2p: "
+        "the GPUs' peer-to-peer fabric",
         description="Check that this machine can run the target's image with a launch profile: "
         "NVIDIA driver new enough for the target's CUDA, GPU count and compute capability, "
         "memory per GPU, NVIDIA container runtime, /dev/shm, GPU topology (P2P over PCIe or "
         "NVLink) and, with --image, that the image is present. Each failing check says how "
         "to fix it; exit code 1 if any fails.\n\n"
+        "With --p2p, instead: measure the GPUs' peer-to-peer fabric before any model loads. "
+        "A probe runs in the image (docker run --rm --gpus all --ipc=host, the probe file "
+        "mounted read-only): peer access, copy bandwidth and latency of every GPU pair, "
+        "and the all-reduce at GLM-5's decode sizes through NCCL (with the profile's NCCL "
+        "settings, then with P2P off) and through FlashInfer's PCIe IPC all-reduce (JIT "
+        "disabled: the image's kernel wheel); a stage that hangs is killed and recorded. "
+        "With the host's facts (lspci's PCIe switches, IOMMU mode, VM or not, nvidia-smi "
+        "topo -m) it names a collapsed pair, a pair without peer access or a hung all-reduce "
+        "and its likely cause, and chooses the NCCL settings (the profile's, or "
+        "NCCL_P2P_DISABLE=1) and whether the -pcie-ar profiles may run. The record goes to "
+        "the profile's sglang cache (<sglang_cache>/builder-p2p/), keyed by GPU order and "
+        "topology; builder launch on this machine applies it. Each check says ok, FAIL or "
+        "SKIP (what one GPU cannot measure); exit code 1 if one fails, 9 if the Docker "
+        "daemon does not answer.\n\n"
         "examples:\n"
         "  builder doctor --target sm120 --image $IMAGE --profile glm5-nvfp4-tp8-pcie-ar\n"
-        "  builder doctor --container sglang-glm5      # what the running server compiled",
+        "  builder doctor --container sglang-glm5      # what the running server compiled\n"
+        "  builder doctor --p2p --image $IMAGE         # before the first start on a VM\n"
+        "  builder doctor --p2p --image $IMAGE --profile glm5-nvfp4-tp8-pcie-ar --json\n"
+        "  python3 -m builder.probes.p2p_probe > p2p.json   # a host with torch, no Docker\n"
+        "  builder doctor --p2p --target sm120 --probe-result p2p.json",
     )
     add_project_options(doctor_cmd)
     doctor_cmd.add_argument(
@@ -226,5 +249,33 @@ def register(sub) -> None:
         help="a server container: report FlashInfer modules it compiled at start-up (0 expected)",
     )
     doctor_cmd.add_argument("--verbose", action="store_true", help="show hints for passing checks")
+    p2p_options = doctor_cmd.add_argument_group("peer-to-peer (--p2p)")
+    p2p_options.add_argument(
+        "--p2p", action="store_true",
+        help="measure the GPUs' P2P fabric in the image and write the record launch applies",
+    )  # fmt: skip
+    p2p_options.add_argument(
+        "--pcie-ipc", choices=("auto", "on", "off"), default="auto",
+        help="FlashInfer's PCIe IPC all-reduce: auto runs it where flashinfer is installed, "
+        "on fails without it (default: auto)",
+    )  # fmt: skip
+    p2p_options.add_argument(
+        "--world", type=int, metavar="N", help="all-reduce world size (default: every GPU)"
+    )
+    p2p_options.add_argument(
+        "--stage-timeout", type=float, default=120.0, metavar="SECONDS",
+        help="a probe stage still running after this is killed and recorded as hung "
+        "(default: 120)",
+    )  # fmt: skip
+    p2p_options.add_argument(
+        "--probe-result", metavar="FILE",
+        help="judge a probe document saved earlier (python3 -m builder.probes.p2p_probe) "
+        "instead of running the probe",
+    )  # fmt: skip
+    p2p_options.add_argument(
+        "--sglang-cache", metavar="DIR",
+        help="where the record goes (default: the profile's sglang_cache param; launch "
+        "reads it there, or from --set sglang_cache=DIR)",
+    )  # fmt: skip
     add_output_options(doctor_cmd)
     doctor_cmd.set_defaults(func=cmd_doctor)

@@ -33,6 +33,7 @@ image_recipe = lazy_module("builder.recipe")
 launch = lazy_module("builder.launch")
 manifest = lazy_module("builder.manifest")
 model_check = lazy_module("builder.model_check")
+p2p_record = lazy_module("builder.p2p_record")
 packs = lazy_module("builder.kernels.packs")
 progress = lazy_module("builder.progress")
 readiness = lazy_module("builder.readiness")
@@ -90,9 +91,10 @@ def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
     else:
         data_dir = resolve_data_dir(args.data_dir)
         target = load_target(data_dir, args.target)
+        profiles = launch.Profiles.of(target.file)
         # Profile, params, port and the checkpoint are checked before any manifest is
         # looked for.
-        recipe = launch.resolve(target.file, args.profile, "-", overrides)
+        recipe = launch.resolve(profiles, args.profile, "-", overrides)
         check_checkpoint(recipe, args.hf_cache)
         directory = manifest.manifest_dir(data_dir, args.manifest_dir, target.name)
         path = Path(args.manifest) if args.manifest else manifest.latest_with_image(directory)
@@ -104,6 +106,7 @@ def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
                 "build host (or launch with --image REF)"
             )
         source = str(path)
+    recipe = with_p2p_record(args, recipe, profiles)
     if recipe.experimental:
         progress.warn(f"profile {recipe.profile} is EXPERIMENTAL: {recipe.warning}")
     return recipe, source
@@ -119,6 +122,20 @@ def check_checkpoint(recipe: launch.Recipe, hf_cache: str) -> None:
         recipe.model_revision,
         hf_cache,
     )
+
+
+def with_p2p_record(
+    args: argparse.Namespace, recipe: launch.Recipe, profiles: launch.Profiles
+) -> launch.Recipe:
+    """The recipe with what `builder doctor --p2p` recorded for this machine (NCCL settings;
+    a refused -pcie-ar profile is an error), and one line saying which record, or why none."""
+    record_file, disabled = getattr(args, "p2p_record", None), getattr(args, "no_p2p_record", False)
+    if record_file and disabled:
+        raise BuilderError("--p2p-record and --no-p2p-record: give one")
+    needs = bool(launch.flattened(profiles, recipe.profile).get("needs_peer_access"))
+    recipe, line = p2p_record.apply(recipe, needs, record_file, disabled)
+    progress.info(escape(line))
+    return recipe
 
 
 def say_receipt(client, image: str) -> str | None:
@@ -411,6 +428,17 @@ def add_launch_options(command: argparse.ArgumentParser, skip: tuple[str, ...] =
         help="require this API key (the file's first line) from clients: the file is "
         "mounted read-only and the image hands the key to sglang, so it never appears on a "
         "command line, in the environment, a log or a generated file (chmod 600 it)",
+    )
+    option(
+        "--p2p-record",
+        metavar="FILE",
+        help="apply this `builder doctor --p2p` record (default: the one in the profile's "
+        "sglang cache that matches this machine's GPU order and topology, if any)",
+    )
+    option(
+        "--no-p2p-record",
+        action="store_true",
+        help="read no P2P record: the profile's NCCL settings as they are",
     )
     option(
         "--bind",

@@ -1,0 +1,136 @@
+"""`builder doctor --p2p`: measure the GPUs' peer-to-peer fabric before any model loads (the
+probe in the server image), judge it with the host's facts, and keep the record that
+`builder launch` applies on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from rich.markup import escape
+
+from builder.commands.common import print_json
+from builder.errors import BuilderError
+from builder.lazy import lazy_module
+from builder.settings import resolve_data_dir
+
+docker_client = lazy_module("builder.docker_client")
+launch = lazy_module("builder.launch")
+manifest = lazy_module("builder.manifest")
+p2p = lazy_module("builder.p2p")
+p2p_host = lazy_module("builder.p2p_host")
+p2p_record = lazy_module("builder.p2p_record")
+p2p_run = lazy_module("builder.p2p_run")
+progress = lazy_module("builder.progress")
+docker = lazy_module("docker")
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Bad input before anything is looked up or started."""
+    if args.container:
+        raise BuilderError("--container: not with --p2p (the probe runs before any server)")
+    if args.world is not None and args.world < 1:
+        raise BuilderError(f"--world {args.world}: must be 1 or more")
+    if not (math.isfinite(args.stage_timeout) and args.stage_timeout > 0):
+        raise BuilderError(f"--stage-timeout {args.stage_timeout:g}: must be seconds above 0")
+    if args.probe_result and not Path(args.probe_result).is_file():
+        raise BuilderError(f"--probe-result {args.probe_result}: no such file")
+
+
+def _probe_result(path: str) -> dict:
+    try:
+        document = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BuilderError(f"--probe-result {path}: cannot read it ({exc})") from None
+    if not isinstance(document, dict) or document.get("probe") != "builder-p2p":
+        raise BuilderError(f"--probe-result {path}: not a p2p_probe document")
+    return document
+
+
+def _image(args: argparse.Namespace) -> str:
+    """--image, or the image of the target's latest manifest (as `launch` takes it)."""
+    if args.image:
+        return args.image
+    data_dir = resolve_data_dir(args.data_dir)
+    path = manifest.latest_with_image(manifest.manifest_dir(data_dir, None, args.target))
+    return manifest.image_reference(manifest.load(path), str(path))
+
+
+def _probe_in_image(args: argparse.Namespace, image: str, nccl_env: dict[str, str]) -> dict:
+    client = docker_client.connect()  # no daemon: exit 9, nothing was measured
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        raise BuilderError(
+            f"{image}: not on this machine; pull it first (docker pull {image}, or builder "
+            "verify, which pulls it)"
+        ) from None
+    args_ = p2p_run.probe_args(args.world, args.pcie_ipc, args.stage_timeout, nccl_env)
+    name = p2p_run.container_name()
+    deadline = p2p_run.deadline_s(args.stage_timeout)
+    progress.info(escape(f"P2P probe in {image} (at most {deadline / 60:.0f} min)"))
+    return p2p_run.run(
+        p2p_run.container_command(image, args_, name), deadline, container=name,
+        on_line=lambda line: progress.info(escape(line)),
+    )  # fmt: skip
+
+
+def run(args: argparse.Namespace, recipe, tp: int) -> None:
+    """`recipe`: the profile resolved as doctor resolves it (its env, its volumes)."""
+    check_options(args)
+    cache_dir = args.sglang_cache or p2p_record.cache_dir_of(recipe.volumes)
+    nccl_env = {k: v for k, v in recipe.env.items() if k.startswith("NCCL_")}
+    facts = p2p_host.collect()
+    image = None
+    if args.probe_result:
+        probe = _probe_result(args.probe_result)
+        image = args.image
+    else:
+        image = _image(args)
+        probe = _probe_in_image(args, image, nccl_env)
+    analysis = p2p.analyse(probe, facts, recipe.env, tp)
+    record, note = _record(probe, facts, analysis, cache_dir, image, recipe.profile)
+    result = {
+        "findings": [check.to_json() for check in analysis.checks],
+        **{k: v for k, v in analysis.to_json().items() if k != "checks"},
+        "record": str(record) if record else None,
+        "record_note": note,
+        "image": image,
+        "profile": recipe.profile,
+        "probe": probe,
+        "host": facts.to_json(),
+    }
+    if args.json:
+        print_json(result, ok=analysis.ok)
+    else:
+        for check in analysis.checks:
+            print(f"{check.status:<4} {check.name}: {check.detail}")
+            if check.fix and (not check.ok or args.verbose):
+                print(f"     fix: {check.fix}")
+        for cause in analysis.causes:
+            print(f"cause: {cause}")
+        print(f"verdict: {analysis.verdict}")
+        print(f"record: {record} ({note})" if record else f"record: {note}")
+    if not analysis.ok:
+        raise SystemExit(1)
+
+
+def _record(probe, facts, analysis, cache_dir: str | None, image: str | None, profile: str):
+    """(path written, what launch will do) or (None, why none was written)."""
+    if not probe.get("cuda"):
+        return None, "not written: the probe measured nothing"
+    if not cache_dir:
+        return None, f"not written: profile {profile} has no sglang cache (give --sglang-cache)"
+    machine = p2p_record.machine_from(facts.gpu_ids, facts.topology)
+    topology = facts.topology
+    if not isinstance(machine, p2p_record.Machine):  # no nvidia-smi here: the probe's own
+        smi = probe.get("nvidia_smi") or {}
+        machine = p2p_record.machine_from(smi.get("gpus"), smi.get("topology"))
+        topology = smi.get("topology")
+    if not isinstance(machine, p2p_record.Machine):
+        return None, f"not written: {machine}, so the record could not be keyed"
+    path = p2p_record.record_path(cache_dir, machine)
+    p2p_record.write(path, machine, topology, probe, facts, analysis, image, profile)
+    return path, "builder launch, deploy-files and qualify --start on this machine apply it"
