@@ -210,6 +210,15 @@ def flattened(known: Profiles, name: str) -> dict:
     return _flatten(known.profiles, name, known.where)
 
 
+def fallback_params(known: Profiles, name: str) -> tuple[tuple[str, str], ...]:
+    """The `--set` params a profile declares for one retry after its start hung in CUDA-graph
+    capture (`[profiles.NAME.fallback]`, its `why` left out); () when it declares none."""
+    table = flattened(known, name).get("fallback", {})
+    if not isinstance(table, dict):
+        raise BuilderError(f"{known.where}: profile '{name}' field 'fallback' must be a table")
+    return tuple((str(key), str(value)) for key, value in table.items() if key != "why")
+
+
 def _substitute(value: Any, params: dict[str, str], where: str, path: Path | str) -> Any:
     if not isinstance(value, str):
         return value
