@@ -349,3 +349,27 @@ def run_level(
         ),
         "e2e_latency_ms": _percentiles([r.latency for r in done]),
     }
+
+
+PREFILL_PROMPTS = 4  # after one discarded warm-up request
+
+
+def run_prefill(server: Server, length: int, seed: int, seconds: float) -> dict:
+    """Prefill at `length` tokens: one request at a time, `length` random token ids, one
+    output token; its TTFT is the prefill time. A first request (other prompt) is discarded
+    as warm-up; each prompt is the level's own, so none is served from the prefix cache.
+    Prefill tok/s is `length` over the median TTFT."""
+    run_level(server, 1, 1, length, 1, seed, seconds, tag=f":prefill-warmup:{length}")
+    level = run_level(
+        server, 1, PREFILL_PROMPTS, length, 1, seed, seconds, tag=f":prefill:{length}"
+    )
+    median = level["ttft_ms"]["p50"]
+    return {
+        "input_len": length,
+        "prompts": PREFILL_PROMPTS,
+        "completed": level["completed"],
+        "failed": level["failed"],
+        "first_error": level["first_error"],
+        "ttft_ms": level["ttft_ms"],
+        "prefill_tok_s": round(length / (median / 1000), 1) if median else None,
+    }
