@@ -218,5 +218,7 @@ if __name__ == "__main__":
     threading.Timer(
         max(0.0, STARTUP - (time.monotonic() - STARTED)), print, (ready_line,), {"flush": True}
     ).start()
+    # A listen backlog as uvicorn's (2048), not http.server's 5: 32 requests at once connect.
+    ThreadingHTTPServer.request_queue_size = 2048
     server = ThreadingHTTPServer(("127.0.0.1", port_argument(sys.argv[1:])), Handler)
     server.serve_forever()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import ClassVar
 from urllib.parse import parse_qs, urlsplit
 
+import jsonschema
 import pytest
 
 from builder import capture, gates, gsm8k, launch, sweep
@@ -446,6 +447,8 @@ def test_the_sweep_chooses_the_fastest_profile_that_passed_every_gate() -> None:
     assert rows[1] == ["first", "ok (on its fallback)", "40", "900*", "-"]
     assert rows[3][:2] == ["wrong", "FAIL gate gsm8k: failed: gsm8k said no"]
     assert sweep.summary(doc) == "chosen at concurrency 32: first (900 output tok/s)"
+    schema = json.loads((Path(__file__).parents[1] / "manifests/chosen-v1.json").read_text())
+    jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(doc)
 
 
 def test_no_profile_standing_chooses_none() -> None:
