@@ -22,6 +22,14 @@ CHOSEN_SCHEMA = "builder-qualify-chosen/1"
 CHOSEN_FILE = "chosen.json"
 
 
+def profile_names(text: str) -> list[str]:
+    """--sweep's list: profile names, each once."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names or len(set(names)) != len(names):
+        raise BuilderError(f"--sweep {text!r}: expected profile names, each once, e.g. a,b")
+    return names
+
+
 @dataclass(frozen=True)
 class Swept:
     profile: str

@@ -94,6 +94,11 @@ def cmd_qualify(args: argparse.Namespace) -> None:
     for item in args.set:
         if "=" not in item or item.startswith("="):
             raise BuilderError(f"--set {item}: expected KEY=VALUE")
+    if args.client == "image" and not (args.container or args.start or args.sweep):
+        raise BuilderError(
+            "--client image: needs --container NAME or --start "
+            "(sglang's bench_serving runs inside the server's container)"
+        )
     if args.sweep:
         _check_sweep_input(args, concurrency)
     out = validate.writable_dir("--out", args.out)
@@ -102,12 +107,14 @@ def cmd_qualify(args: argparse.Namespace) -> None:
         given = [flag for flag, attr in _START_ONLY if getattr(args, attr) != _DEFAULTS[attr]]
         if given:
             raise BuilderError(f"{given[0]}: only with --start (it launches the server)")
-    # The data before any server starts: no GPU hour is spent on a run that cannot finish.
-    plan = Plan(concurrency, needles, prefill, gsm8k.load(args.gsm8k, args.gsm8k_limit), api_key)
     if args.sweep:
         from builder.commands import qualify_sweep
 
-        qualify_sweep.run(args, plan, out)
+        names, known = qualify_sweep.prepare(args)
+    # The data before any server starts: no GPU hour is spent on a run that cannot finish.
+    plan = Plan(concurrency, needles, prefill, gsm8k.load(args.gsm8k, args.gsm8k_limit), api_key)
+    if args.sweep:
+        qualify_sweep.run(args, plan, out, names, known)
         return
     if args.start:
         _report(args, start_and_qualify(args, plan, out))

@@ -15,15 +15,8 @@ from builder import launch, progress, sweep, validate
 from builder.cache import atomic_write_text
 from builder.commands import qualify as qualify_command
 from builder.commands.common import print_json
-from builder.errors import EXIT_CODES, BuilderError
+from builder.errors import EXIT_CODES
 from builder.receipt_views import plot_compare
-
-
-def _names(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names or len(set(names)) != len(names):
-        raise BuilderError(f"--sweep {text!r}: expected profile names, each once, e.g. a,b")
-    return names
 
 
 def _with_params(args: argparse.Namespace, name: str, params) -> argparse.Namespace:
@@ -34,9 +27,12 @@ def _with_params(args: argparse.Namespace, name: str, params) -> argparse.Namesp
     return one
 
 
-def _check_every_profile(args, names: list[str], known: launch.Profiles) -> None:
-    """Each profile resolves with the user's --set, and again with its fallback, before
-    any server starts: a typo in the tenth profile costs no GPU hour."""
+def prepare(args: argparse.Namespace) -> tuple[list[str], launch.Profiles]:
+    """The profiles to sweep, each resolved with the user's --set and again with its
+    fallback, before any data is fetched or server started: a typo in the tenth profile
+    costs no GPU hour."""
+    names = sweep.profile_names(args.sweep)
+    known = qualify_command.profiles_for(args)
     for name in names:
         for params in ((), launch.fallback_params(known, name)):
             one = _with_params(args, name, params)
@@ -46,6 +42,7 @@ def _check_every_profile(args, names: list[str], known: launch.Profiles) -> None
                 container_name=one.name, bind=one.bind,
             )  # fmt: skip
             launch.resolve(known, name, "-", overrides)
+    return names, known
 
 
 def _qualify_one(args, name: str, known: launch.Profiles, plan, folder: Path) -> dict:
@@ -79,10 +76,7 @@ def _qualify_one(args, name: str, known: launch.Profiles, plan, folder: Path) ->
     return qualify_command.start_and_qualify(retry, plan, folder, earlier).receipt
 
 
-def run(args: argparse.Namespace, plan, out: Path) -> None:
-    names = _names(args.sweep)
-    known = qualify_command.profiles_for(args)
-    _check_every_profile(args, names, known)
+def run(args: argparse.Namespace, plan, out: Path, names: list[str], known) -> None:
     swept = []
     for name in names:
         folder = validate.writable_dir("--out", str(out / name))
