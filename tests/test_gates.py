@@ -463,3 +463,36 @@ def test_no_profile_standing_chooses_none() -> None:
         "gates",
         "the receipt has no gates (made before they existed)",
     )
+
+
+def test_deploy_files_profile_chosen_takes_the_sweeps_choice(tmp_path: Path) -> None:
+    from argparse import Namespace
+
+    from builder.commands.serve import apply_chosen
+
+    swept = [sweep.Swept("first", _receipt({32: 900.0}, fallback=True), "first/receipt.json")]
+    (tmp_path / "chosen.json").write_text(json.dumps(sweep.choose(swept, [32], choose_at=32)))
+
+    def given(**options) -> Namespace:
+        defaults = {"qualify_dir": str(tmp_path), "manifest": None, "image": None, "set": []}
+        return Namespace(profile="chosen", **{**defaults, **options})
+
+    args = given(set=["mem_fraction_static=0.8"])
+    apply_chosen(args)
+    assert (args.profile, args.image) == ("first", "reg/img@sha256:def")
+    assert args.set == ["k=v", "mem_fraction_static=0.8"], "the sweep's params, then yours"
+    same = given(image="img:1")  # the image as it was started is the same image
+    apply_chosen(same)
+    assert same.image == "img:1"
+    with pytest.raises(
+        BuilderError, match=r"--image other:2: .* chose first on reg/img@sha256:def"
+    ):
+        apply_chosen(given(image="other:2"))
+    with pytest.raises(BuilderError, match="--manifest: with --profile chosen"):
+        apply_chosen(given(manifest="m.json"))
+    wrong = [sweep.Swept("wrong", _receipt({32: 1.0}, failed="gsm8k"), "wrong/receipt.json")]
+    (tmp_path / "chosen.json").write_text(json.dumps(sweep.choose(wrong, [32], choose_at=32)))
+    with pytest.raises(BuilderError, match="the sweep chose no profile at concurrency 32"):
+        apply_chosen(given())
+    with pytest.raises(BuilderError, match=r"chosen\.json: not a readable chosen\.json"):
+        apply_chosen(given(qualify_dir=str(tmp_path / "nowhere")))
