@@ -77,7 +77,7 @@ def report_lines(receipt: dict, path: Path, plot: Path | None) -> list[str]:
             )
     result = receipt["result"]
     lines.append(
-        "qualified: every check passed"
+        f"qualified: {result['message']}"
         if result["ok"]
         else f"NOT qualified: {result['failed_at']}: {result['message']}"
     )
