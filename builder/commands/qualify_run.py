@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from rich.markup import escape
@@ -18,6 +19,10 @@ from builder.errors import BuilderError
 from builder.lazy import lazy_module
 from builder.settings import resolve_data_dir
 from builder.target import load_target
+
+if TYPE_CHECKING:
+    from builder.gsm8k import Dataset
+    from builder.launch import Profiles, Recipe
 
 capture = lazy_module("builder.capture")
 docker_client = lazy_module("builder.docker_client")
@@ -47,7 +52,7 @@ class Plan:
     concurrency: list[int]
     needles: list[int]
     prefill: list[int]
-    gsm8k: object  # builder.gsm8k.Dataset, or None: --gsm8k none
+    gsm8k: Dataset | None  # None: --gsm8k none
     api_key: str | None
 
 
@@ -65,8 +70,8 @@ class Checked:
 class Launched:
     """The server `--start` (or a sweep) started: its recipe, and the profiles it came from."""
 
-    recipe: object  # builder.launch.Recipe
-    profiles: object  # builder.launch.Profiles
+    recipe: Recipe
+    profiles: Profiles
 
 
 def _public_url(url: str) -> str:
