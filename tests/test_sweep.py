@@ -135,6 +135,9 @@ def test_a_sweep_retries_a_capture_hang_on_its_fallback_and_chooses_what_passed(
         "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
         "avail mem=10.00 GB"
     )
+    assert attempt["message"].startswith("graph-capture hang: no new log line for ")
+    assert "its fallback: --set cuda_graph_backend_decode=breakable (the full" in attempt["message"]
+    assert "NCCL" not in attempt["message"], "a capture hang is not an NCCL stall"
     assert attempt["fallback"]["params"] == [["cuda_graph_backend_decode", "breakable"]]
     assert "backend=full" in (out / "hangs-then-falls-back" / attempt["log"]).read_text()
     assert hung["startup"]["state"] == "ready" and hung["result"]["ok"], hung["result"]

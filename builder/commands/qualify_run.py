@@ -329,9 +329,11 @@ def _checks(args, run, client, container, image, url, plan: Plan, throughput_cli
     startup: dict = {"state": verdict.state, "message": verdict.message}
     receipt["startup"] = startup
     hung_at = capture.hang_line(verdict.log_tail) if verdict.state == "stalled" else None
-    if hung_at:
-        startup.update(state="graph-capture hang", capture_line=hung_at)
-        run.fail("startup", f"graph-capture hang: the log stopped at {hung_at!r}{_fallback(args)}")
+    if hung_at:  # wait-ready's stall message would point at NCCL: this one is capture
+        quiet = verdict.message.split(" at stage", 1)[0]
+        message = f"{quiet} after capture began: {hung_at!r}{_fallback(args)}"
+        startup.update(state="graph-capture hang", capture_line=hung_at, message=message)
+        run.fail("startup", f"graph-capture hang: {message}")
     if verdict.state != "ready":
         run.fail("startup", f"{verdict.state}: {verdict.message}")
     startup["ready_seconds"], startup["ready_seconds_from"] = _time_to_ready(
