@@ -68,10 +68,13 @@ def normalise(text: str) -> str:
 
 
 class Server:
-    """A server's HTTP API: bearer key if given, redirects never followed."""
+    """A server's HTTP API: bearer key if given, redirects never followed. With
+    `spec_details` a list, each chat asks for sglang's speculative-decoding figures of its
+    reply (`return_spec_tokens_details`) and adds them there."""
 
     def __init__(self, url: str, api_key: str | None, timeout: float = 600) -> None:
         self.url, self.api_key, self.timeout = url, api_key, timeout
+        self.spec_details: list[dict] | None = None
 
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
@@ -85,6 +88,15 @@ class Server:
     def post(self, path: str, body: dict) -> dict:
         data = json.dumps(body).encode()
         return self._call(urllib.request.Request(self.url + path, data, self._headers()))
+
+    def text(self, path: str) -> str | None:
+        """A GET's text (sglang's /metrics), or None when it does not answer 200."""
+        request = urllib.request.Request(self.url + path, headers=self._headers())
+        try:
+            with NO_REDIRECTS.open(request, timeout=60) as response:
+                return response.read().decode(errors="replace")
+        except (urllib.error.URLError, http.client.HTTPException, OSError):
+            return None
 
     def _call(self, request: urllib.request.Request) -> dict:
         what = f"{request.get_method()} {request.full_url.removeprefix(self.url)}"
@@ -108,20 +120,23 @@ class Server:
 
     def chat(self, model: str, prompt: str, max_tokens: int) -> tuple[str, int]:
         """The reply's text at temperature 0 (thinking off), and the prompt's token count."""
-        answer = self.post(
-            "/v1/chat/completions",
-            {
-                "model": model,
-                "messages": [{"role": "user", "content": prompt}],
-                "temperature": 0,
-                "max_tokens": max_tokens,
-                "chat_template_kwargs": {"enable_thinking": False},
-            },
-        )
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+        if self.spec_details is not None:
+            body["return_spec_tokens_details"] = True
+        answer = self.post("/v1/chat/completions", body)
         try:
             text = answer["choices"][0]["message"]["content"] or ""
         except (KeyError, IndexError, TypeError):
             raise QualifyError("POST /v1/chat/completions: no choices in the answer") from None
+        details = (answer.get("sglext") or {}).get("spec_tokens_details")
+        if self.spec_details is not None and isinstance(details, dict):
+            self.spec_details.append(details)  # list.append: safe from the gates' threads
         return text, int((answer.get("usage") or {}).get("prompt_tokens") or 0)
 
 
@@ -293,11 +308,12 @@ def run_level(
     output_len: int,
     seed: int,
     seconds: float,
+    tag: str = "",
 ) -> dict:
     """One concurrency level: `prompts` requests, at most `concurrency` in flight; no new
-    request starts after `seconds`. Each level has prompts of its own (seeded by the seed
-    and the level), so no level is served from an earlier level's prefix cache."""
-    rng = random.Random(f"{seed}:{concurrency}")
+    request starts after `seconds`. Each level has prompts of its own (seeded by the seed,
+    the level and `tag`), so no level is served from an earlier level's prefix cache."""
+    rng = random.Random(f"{seed}:{concurrency}{tag}")
     inputs = [[rng.randrange(*TOKEN_IDS) for _ in range(input_len)] for _ in range(prompts)]
     stop_at = time.monotonic() + seconds
     skipped = threading.Event()
@@ -332,4 +348,28 @@ def run_level(
             [(r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
         ),
         "e2e_latency_ms": _percentiles([r.latency for r in done]),
+    }
+
+
+PREFILL_PROMPTS = 4  # after one discarded warm-up request
+
+
+def run_prefill(server: Server, length: int, seed: int, seconds: float) -> dict:
+    """Prefill at `length` tokens: one request at a time, `length` random token ids, one
+    output token; its TTFT is the prefill time. A first request (other prompt) is discarded
+    as warm-up; each prompt is the level's own, so none is served from the prefix cache.
+    Prefill tok/s is `length` over the median TTFT."""
+    run_level(server, 1, 1, length, 1, seed, seconds, tag=f":prefill-warmup:{length}")
+    level = run_level(
+        server, 1, PREFILL_PROMPTS, length, 1, seed, seconds, tag=f":prefill:{length}"
+    )
+    median = level["ttft_ms"]["p50"]
+    return {
+        "input_len": length,
+        "prompts": PREFILL_PROMPTS,
+        "completed": level["completed"],
+        "failed": level["failed"],
+        "first_error": level["first_error"],
+        "ttft_ms": level["ttft_ms"],
+        "prefill_tok_s": round(length / (median / 1000), 1) if median else None,
     }

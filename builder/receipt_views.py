@@ -41,6 +41,14 @@ def report_lines(receipt: dict, path: Path, plot: Path | None) -> list[str]:
     for needle in correctness.get("needles") or []:
         tokens = needle["prompt_tokens"] or needle["target_tokens"]
         lines.append(f"{'ok  ' if needle['ok'] else 'FAIL'} needle at {tokens} tokens")
+    for gate in receipt.get("gates") or []:
+        if gate["name"] in ("probes", "needle") and gate["status"] == "passed":
+            continue  # each probe and needle has its line above
+        mark = {"passed": "ok  ", "failed": "FAIL", "skipped": "skip"}.get(gate["status"], "    ")
+        why = f" ({gate['why']})" if gate["why"] and gate["status"] != "passed" else ""
+        lines.append(f"{mark} gate {gate['name']}: {gate['result']}{why}")
+    for skipped in receipt.get("not_checked") or []:
+        lines.append(f"not checked: {skipped['what']} ({skipped['why']})")
     throughput = receipt["throughput"] or {}
     if throughput:
         why = f" ({throughput['client_why']})" if throughput.get("client_why") else ""
@@ -59,9 +67,17 @@ def report_lines(receipt: dict, path: Path, plot: Path | None) -> list[str]:
             f"{level['request_throughput']} req/s, TTFT p50 {level['ttft_ms']['p50']} ms, "
             f"TPOT p50 {level['tpot_ms']['p50']} ms; {power}"
         )
+    for level in throughput.get("prefill") or []:
+        if "skipped" in level:
+            lines.append(f"prefill {level['input_len']} tokens: skipped, {level['skipped']}")
+        else:
+            lines.append(
+                f"prefill {level['input_len']} tokens: TTFT p50 {level['ttft_ms']['p50']} ms, "
+                f"{level['prefill_tok_s']} tok/s"
+            )
     result = receipt["result"]
     lines.append(
-        "qualified: every check passed"
+        f"qualified: {result['message']}"
         if result["ok"]
         else f"NOT qualified: {result['failed_at']}: {result['message']}"
     )
@@ -107,9 +123,9 @@ def plot(receipt: dict, path: Path) -> Path | None:
     return path
 
 
-def _load(path: str) -> dict:
+def _load(path: Path) -> dict:
     try:
-        receipt = json.loads(Path(path).read_text())
+        receipt = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise BuilderError(f"--compare {path}: not a readable receipt ({exc})") from None
     if receipt.get("schema") != RECEIPT_SCHEMA:
@@ -117,33 +133,50 @@ def _load(path: str) -> dict:
     return receipt
 
 
-def compare(paths: list[str]) -> tuple[list[str], list[list[str]]]:
-    """Receipts side by side: (column headers, rows of cells), the field's figure last."""
-    receipts = [(path, _load(path)) for path in paths]
-    if len(receipts) < 2:
-        raise BuilderError("--compare: give two receipts or more")
+def expand(paths: list[str]) -> list[tuple[str, dict]]:
+    """(column name, receipt) of each receipt given, a sweep's folder giving its receipts
+    in --sweep order; a receipt is named by its folder (a sweep's: the profile)."""
+    from builder.sweep import receipts_in
+
+    found = []
+    for given in paths:
+        path = Path(given)
+        found += receipts_in(path) if path.is_dir() else [path]
+    named = [(path.parent.name or str(path), _load(path)) for path in found]
+    if len(named) < 2:
+        raise BuilderError("--compare: give two receipts or more (or a sweep's folder)")
+    return named
+
+
+def _gate_cell(receipt: dict, name: str) -> str:
+    gate = next((g for g in receipt.get("gates") or [] if g["name"] == name), None)
+    if gate is None:
+        return "-"
+    if gate["status"] == "passed":
+        return f"ok {gate['result']}"
+    return {"failed": "FAIL", "skipped": "skip"}.get(gate["status"], "") + f" {gate['result']}"
+
+
+def compare(named: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]]:
+    """Receipts side by side: (column headers, rows of cells): the result, each gate, each
+    level's figures, each prefill length, the field's figure last."""
+    receipts = [receipt for _, receipt in named]
     levels = sorted(
-        {
-            lvl["concurrency"]
-            for _, r in receipts
-            for lvl in (r["throughput"] or {}).get("levels", [])
-        }
+        {lvl["concurrency"] for r in receipts for lvl in (r["throughput"] or {}).get("levels", [])}
     )
     by_level = [
         {lvl["concurrency"]: lvl for lvl in (r["throughput"] or {}).get("levels", [])}
-        for _, r in receipts
+        for r in receipts
     ]
-    header = ["", *(Path(p).parent.name or p for p, _ in receipts)]
+    header = ["", *(name for name, _ in named)]
     rows = [
-        ["profile", *(r["server"].get("profile") or "-" for _, r in receipts)],
-        [
-            "result",
-            *(
-                "ok" if r["result"]["ok"] else f"FAIL {r['result']['failed_at']}"
-                for _, r in receipts
-            ),
-        ],
-    ]
+        ["profile", *(r["server"].get("profile") or "-" for r in receipts)],
+        ["result", *("ok" if r["result"]["ok"] else f"FAIL {r['result']['failed_at']}"
+                     for r in receipts)],
+    ]  # fmt: skip
+    gate_names = [g["name"] for r in receipts for g in r.get("gates") or []]
+    for name in dict.fromkeys(gate_names):
+        rows.append([f"gate {name}", *(_gate_cell(r, name) for r in receipts)])
     for level in levels:
         for key, label in (
             ("output_throughput", "tok/s"),
@@ -159,6 +192,13 @@ def compare(paths: list[str]) -> tuple[list[str], list[list[str]]]:
                     else str(value["p50"] if isinstance(value, dict) else value)
                 )
             rows.append([f"c={level} {label}", *cells])
+    prefill = [
+        {p["input_len"]: p for p in (r["throughput"] or {}).get("prefill") or [] if "ttft_ms" in p}
+        for r in receipts
+    ]
+    for length in sorted({length for of in prefill for length in of}):
+        cells = [str(of[length]["ttft_ms"]["p50"]) if length in of else "-" for of in prefill]
+        rows.append([f"prefill {length} TTFT p50 ms", *cells])
     reference = FIELD_REFERENCE
     rows.append(
         [
@@ -167,3 +207,45 @@ def compare(paths: list[str]) -> tuple[list[str], list[list[str]]]:
         ]
     )
     return header, rows
+
+
+def plot_compare(named: list[tuple[str, dict]], path: Path) -> Path | None:
+    """Output tok/s against concurrency, a line per receipt (dashed: it did not qualify),
+    the field's figure for reference (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        progress.warn("no plot: matplotlib is not installed (pip install 'builder[plot]')")
+        return None
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    ticks: set[int] = set()
+    for name, receipt in named:
+        levels = [
+            lvl for lvl in (receipt["throughput"] or {}).get("levels", []) if lvl["completed"]
+        ]
+        if not levels:
+            continue
+        x = [lvl["concurrency"] for lvl in levels]
+        ticks.update(x)
+        ok = receipt["result"]["ok"]
+        label = name if ok else f"{name} (FAIL {receipt['result']['failed_at']})"
+        y = [lvl["output_throughput"] for lvl in levels]
+        axes.plot(x, y, "o-" if ok else "x--", label=label)
+    field = f"field: {FIELD_REFERENCE['output_throughput']:,} tok/s at 1024"
+    axes.axhline(FIELD_REFERENCE["output_throughput"], ls=":", c="grey", label=field)
+    axes.set_xscale("log", base=2)
+    if ticks:
+        axes.set_xticks(sorted(ticks), [str(c) for c in sorted(ticks)])
+    axes.set_xlabel("concurrency")
+    axes.set_ylabel("output tok/s")
+    axes.legend(loc="upper left", fontsize="small")
+    axes.set_title("qualify: profiles compared")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path.with_suffix(".partial.png"))
+    plt.close(figure)
+    path.with_suffix(".partial.png").replace(path)
+    return path

@@ -16,7 +16,15 @@ answer to each of qualify's probes, and the code hidden in a needle prompt; with
 WRONG_TEXT=1 garbled text, as an FP8 KV pool read the wrong way gives; with
 NEEDLE_LIMIT=N a wrong code past N prompt tokens, as attention that loses the needle past
 the sparse top-k) and /generate streaming one token each TOKEN_SECONDS. A token here is
-4 characters of prompt.
+4 characters of prompt. It answers qualify's gates: two-digit products, counting prompts
+(the same text whatever else is in flight), and GSM8K-shaped questions the tests generate
+("NAME has A marbles and finds B more. ..."), a fraction GSM8K_WRONG_FRACTION of them
+wrongly (by a hash of the question, so the same ones each run). With SPEC_ACCEPT_LENGTH
+and SPEC_ACCEPT_RATE it plays a speculative server: each chat that asks gets sglang's
+`sglext.spec_tokens_details`, /server_info its `internal_states[0].avg_spec_accept_length`,
+/metrics the `sglang:spec_accept_*` gauges. With HANG_AT_CAPTURE=1 it logs sglang's
+decode-graph capture line and then nothing, never serving, as a start that hangs in CUDA
+graph capture, unless it was started with `--cuda-graph-backend-decode breakable`.
 """
 
 import json
@@ -26,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 STARTED = time.monotonic()
@@ -37,6 +46,9 @@ WRONG_TEXT = os.environ.get("WRONG_TEXT") == "1"
 NEEDLE_LIMIT = int(os.environ.get("NEEDLE_LIMIT", "0"))
 TOKEN_SECONDS = float(os.environ.get("TOKEN_SECONDS", "0.002"))
 CONTEXT_LENGTH = int(os.environ.get("CONTEXT_LENGTH", "32768"))
+GSM8K_WRONG = float(os.environ.get("GSM8K_WRONG_FRACTION", "0"))
+SPEC_LENGTH = os.environ.get("SPEC_ACCEPT_LENGTH")
+SPEC_RATE = os.environ.get("SPEC_ACCEPT_RATE", "0")
 ANSWERS = {  # what a working model says to builder qualify's probes
     "17 + 25": "42",
     "12 times 12": "144.",
@@ -54,7 +66,33 @@ def chat_answer(prompt: str) -> str:
     if code:
         lost = NEEDLE_LIMIT and len(prompt) // 4 > NEEDLE_LIMIT
         return "ZZZZ-0000" if lost else code.group(1)
+    gsm8k = re.findall(r"Question: (\w+) has (\d+) marbles and finds (\d+) more", prompt)
+    if gsm8k:
+        name, a, b = gsm8k[-1]  # the last question: the shots before it are answered
+        total = int(a) + int(b)
+        if zlib.crc32(f"{name}{a}{b}".encode()) % 1000 < GSM8K_WRONG * 1000:
+            total += 1
+        return f"{name} has {a} + {b} = {total} marbles.\n#### {total}"
+    product = re.fullmatch(r"What is (\d+) \* (\d+)\? Reply with the number only\.", prompt)
+    if product:
+        return str(int(product.group(1)) * int(product.group(2)))
+    count = re.match(r"Count from (\d+) to (\d+)", prompt)
+    if count:
+        return ", ".join(str(n) for n in range(int(count.group(1)), int(count.group(2)) + 1))
     return next((a for q, a in ANSWERS.items() if q in prompt), "I do not know")
+
+
+def spec_details(completion_tokens: int) -> dict:
+    """sglang's per-reply figures (tokenizer_manager.py:3138-3176) for a 4-token draft."""
+    length, rate = float(SPEC_LENGTH), float(SPEC_RATE)
+    steps = max(1, round(completion_tokens / length))
+    return {
+        "spec_accept_rate": rate,
+        "spec_accept_length": length,
+        "spec_verify_ct": steps,
+        "spec_num_proposed_drafts": steps * 3,
+        "spec_num_correct_drafts": round(steps * 3 * rate),
+    }
 
 
 def api_key_argument(args: list[str]) -> str | None:
@@ -69,7 +107,17 @@ class Handler(BaseHTTPRequestHandler):
         elif API_KEY and self.headers.get("Authorization") != f"Bearer {API_KEY}":
             self._send(401, b"")
         elif self.path in ("/server_info", "/get_server_info"):
-            self._send(503 if loading else 200, json.dumps(SERVER_INFO).encode())
+            info = dict(SERVER_INFO)
+            if SPEC_LENGTH:
+                info["internal_states"] = [{"avg_spec_accept_length": float(SPEC_LENGTH)}]
+            self._send(503 if loading else 200, json.dumps(info).encode())
+        elif self.path == "/metrics" and SPEC_LENGTH:
+            labels = '{model_name="standin"}'
+            text = (
+                f"sglang:spec_accept_length{labels} {SPEC_LENGTH}\n"
+                f"sglang:spec_accept_rate{labels} {SPEC_RATE}\n"
+            )
+            self._send(200, text.encode())
         elif self.path == "/v1/models":
             model = {"id": "standin", "max_model_len": CONTEXT_LENGTH}
             self._send(200, json.dumps({"data": [model]}).encode())
@@ -82,10 +130,14 @@ class Handler(BaseHTTPRequestHandler):
             self._send(401, b"")
         elif self.path == "/v1/chat/completions":
             prompt = body["messages"][-1]["content"]
+            text = chat_answer(prompt)
             answer = {
-                "choices": [{"message": {"role": "assistant", "content": chat_answer(prompt)}}],
+                "choices": [{"message": {"role": "assistant", "content": text}}],
                 "usage": {"prompt_tokens": len(prompt) // 4},
             }
+            if SPEC_LENGTH and body.get("return_spec_tokens_details"):
+                details = spec_details(max(1, len(text) // 4))
+                answer["sglext"] = {"spec_tokens_details": details}
             self._send(200, json.dumps(answer).encode())
         elif self.path == "/generate" and body.get("stream"):
             self.send_response(200)
@@ -148,10 +200,25 @@ if __name__ == "__main__":
             target=die_later, args=(float(DIE_AFTER), int(os.environ.get("EXIT_CODE", "1")))
         ).start()
     print("standin: Load weight begin (loading checkpoint shards)", flush=True)
+    argv = sys.argv[1:]
+    backend = argv[argv.index("--cuda-graph-backend-decode") + 1] if (
+        "--cuda-graph-backend-decode" in argv) else "full"  # fmt: skip
+    # sglang 0.5.23's lines (model_runner_components/cuda_graph_setup.py:758-762).
+    print(
+        f"standin: Capture target decode CUDA graph begin. backend={backend}, "
+        "num_tokens_per_req=1, avail mem=10.00 GB",
+        flush=True,
+    )
+    if os.environ.get("HANG_AT_CAPTURE") == "1" and backend != "breakable":
+        while True:  # silent, never serving: SIGTERM ends it
+            time.sleep(3600)
+    print("standin: Capture target decode CUDA graph end. elapsed=0.01 s", flush=True)
     # sglang's own line once it serves: qualify reads the time to ready from it.
     ready_line = "standin: The server is fired up and ready to roll!"
     threading.Timer(
         max(0.0, STARTUP - (time.monotonic() - STARTED)), print, (ready_line,), {"flush": True}
     ).start()
+    # A listen backlog as uvicorn's (2048), not http.server's 5: 32 requests at once connect.
+    ThreadingHTTPServer.request_queue_size = 2048
     server = ThreadingHTTPServer(("127.0.0.1", port_argument(sys.argv[1:])), Handler)
     server.serve_forever()

@@ -482,7 +482,8 @@ def test_qualify_through_the_images_recipe_and_its_receipt_beside_the_image(
         out = tmp_path / "qualify"
         result = bare_builder(
             tmp_path, docker_host, "qualify", recipe["readiness"]["url"], "--container", name,
-            "--no-throughput", "--needles", "4096", "--out", str(out), "--push-receipt",
+            "--no-throughput", "--needles", "4096", "--gsm8k", "none", "--out", str(out),
+            "--push-receipt",
             check=False,
         )  # fmt: skip
         assert REGISTRY_PASSWORD not in result.stdout + result.stderr
@@ -567,7 +568,7 @@ def test_qualify_start_launches_the_recipe_qualifies_and_removes_the_server(
         result = bare_builder(
             tmp_path, docker_host, "qualify", "--start", "--image", standin_image,
             "--port", str(port), "--name", name, "--hf-cache", str(tmp_path / "hf"),
-            "--no-throughput", "--needles", "4096", "--out", str(out),
+            "--no-throughput", "--needles", "4096", "--gsm8k", "none", "--out", str(out),
             check=False, path=str(bin_dir),
         )  # fmt: skip
     finally:  # whatever happened, no container is left for the tests after this one

@@ -19,11 +19,15 @@ import pytest
 from builder import gpu_state
 from tests.conftest import GOOD_INFO, REPO_ROOT, Builder
 from tests.services import free_port
+from tests.test_gates import _gsm8k_file
 
 pytestmark = pytest.mark.docker
 
 SCHEMA = json.loads((REPO_ROOT / "manifests" / "receipt-v1.json").read_text())
-SMALL = ["--concurrency", "1,4", "--prompts", "8", "--input-len", "64", "--output-len", "8"]
+# The hub cannot be reached from here: GSM8K is a generated file or left out (--gsm8k none).
+NO_GSM8K = ["--gsm8k", "none"]
+SMALL = ["--concurrency", "1,4", "--prompts", "8", "--input-len", "64", "--output-len", "8",
+         "--prefill-lens", "512,65536", *NO_GSM8K]  # fmt: skip
 KEY = "s3cret-qualify-key"
 
 
@@ -51,7 +55,8 @@ def test_a_right_server_qualifies_with_every_figure_in_the_receipt(
     out = tmp_path / "q"
     result = qualify(
         builder, docker_host, url, "--container", name, *SMALL,
-        "--api-key-file", key_file(tmp_path / "key", KEY),
+        "--api-key-file", key_file(tmp_path / "key", KEY), "--arithmetic", "4",
+        "--gsm8k", str(_gsm8k_file(tmp_path / "gsm8k.jsonl", 8)),
         "--needles", "4096,16384,65536", "--out", str(out),
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -79,6 +84,20 @@ def test_a_right_server_qualifies_with_every_figure_in_the_receipt(
     # 65536 is clamped to the served context (32768) less room for the answer.
     assert [n["target_tokens"] for n in needles] == [4096, 16384, 32768 - 256]
     assert all(n["ok"] and n["past_top_k"] and n["prompt_tokens"] > 2048 for n in needles)
+    statuses = {gate["name"]: (gate["status"], gate["result"]) for gate in receipt["gates"]}
+    assert statuses == {
+        "probes": ("passed", "6/6"), "arithmetic": ("passed", "4/4"),
+        "identical": ("passed", "32/32"), "needle": ("passed", "3/3"),
+        "gsm8k": ("passed", "1.0000 (8/8)"), "mtp": ("skipped", "-"),
+    }  # fmt: skip
+    (unchecked,) = receipt["not_checked"]  # the test base is no builder image: no verify
+    assert unchecked["what"] == "verify" and unchecked["why"].endswith(
+        "is not a builder image (no io.builder labels)"
+    )
+    prefill = receipt["throughput"]["prefill"]
+    assert prefill[0]["input_len"] == 512 and prefill[0]["completed"] == 4
+    assert prefill[0]["prefill_tok_s"] > 0 and prefill[0]["ttft_ms"]["p50"] > 0
+    assert prefill[1] == {"input_len": 65536, "skipped": "over the served context (32768)"}
     levels = receipt["throughput"]["levels"]
     assert [level["concurrency"] for level in levels] == [1, 4]
     for level in levels:
@@ -169,7 +188,7 @@ def test_client_image_without_sglang_in_the_container_is_one_line(
 ) -> None:
     url, name = standin(STARTUP_SECONDS="0")
     result = qualify(
-        builder, docker_host, url, "--container", name, "--client", "image",
+        builder, docker_host, url, "--container", name, "--client", "image", *NO_GSM8K,
         "--out", str(tmp_path / "q"),
     )  # fmt: skip
     assert result.returncode == 1, result.stdout + result.stderr
@@ -222,7 +241,7 @@ def test_compiles_on_a_hosts_first_start_can_be_accepted(
     out = tmp_path / "q"
     result = qualify(
         builder, docker_host, url, "--container", name, "--no-throughput", "--needles", "4096",
-        "--accept-start-compiles", "--out", str(out),
+        "--accept-start-compiles", *NO_GSM8K, "--out", str(out),
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     receipt = receipt_of(out)
@@ -234,7 +253,9 @@ def test_compiles_on_a_hosts_first_start_can_be_accepted(
 def test_no_server_is_one_line_and_a_receipt_that_says_so(builder, tmp_path) -> None:
     out = tmp_path / "q"
     url = f"http://127.0.0.1:{free_port()}"
-    result = builder.run("qualify", url, "--deadline", "0s", "--out", str(out), check=False)
+    result = builder.run(
+        "qualify", url, "--deadline", "0s", *NO_GSM8K, "--out", str(out), check=False
+    )
     assert result.returncode == 8
     assert "NOT qualified: startup: timeout: not ready after" in result.stdout
     assert "nothing is listening there" in result.stdout
@@ -244,7 +265,17 @@ def test_no_server_is_one_line_and_a_receipt_that_says_so(builder, tmp_path) -> 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "qualify: give the server URL (http://HOST:PORT), --start to launch one, or"),
+        ([], "qualify: give the server URL (http://HOST:PORT), --start to launch one, --sweep P1,P2"),
+        (["--sweep", "a", "http://127.0.0.1:1"], "qualify --sweep starts each profile itself: give no URL"),
+        (["--sweep", "a", "--no-throughput"], "--no-throughput: not with --sweep (it chooses by speed"),
+        (["--sweep", "a", "--concurrency", "1,4"], "--choose-at 32: not one of the --concurrency levels (1,4)"),
+        (["--sweep", "a,a"], "--sweep 'a,a': expected profile names, each once"),
+        (["--sweep", "glm5-nvfp4-tp8,nosuch"], "unknown profile 'nosuch'"),
+        (["--sweep", "glm5-nvfp4-tp8", "--set", "nosuch=1"], "--set nosuch: profile 'glm5-nvfp4-tp8' has no such param"),
+        (["http://127.0.0.1:1", "--gsm8k", "/nonexistent.jsonl"], "--gsm8k /nonexistent.jsonl: cannot read it"),
+        (["http://127.0.0.1:1", "--arithmetic", "0"], "--arithmetic 0: must be a whole number above 0"),
+        (["http://127.0.0.1:1", "--prefill-lens", "8k"], "--prefill-lens '8k': expected whole numbers above 0"),
+        (["http://127.0.0.1:1", "--stall-minutes", "x"], "--stall-minutes x: must be a number of minutes"),
         (["http://127.0.0.1:1", "--start"], "qualify --start starts the server itself: give no URL"),
         (["http://127.0.0.1:1", "--port", "30001"], "--port: only with --start (it launches the server)"),
         (["http://127.0.0.1:1", "--concurrency", "0,4"], "--concurrency '0,4': expected whole numbers above 0"),
@@ -274,18 +305,22 @@ def test_compare_puts_receipts_side_by_side_against_the_field(
         qualify(
             builder, docker_host, url, "--container", name, "--needles", "4096",
             "--concurrency", concurrency, "--prompts", "4", "--input-len", "16",
-            "--output-len", "4", "--out", str(out),
+            "--output-len", "4", "--prefill-lens", "64", *NO_GSM8K, "--out", str(out),
         )  # fmt: skip
         outs.append(str(out / "receipt.json"))
-    table = builder.run("qualify", "--compare", *outs, "--json").stdout
+    plots = tmp_path / "plots"
+    table = builder.run("qualify", "--compare", *outs, "--out", str(plots), "--json").stdout
     compared = json.loads(table)
+    assert compared["plot"] == str(plots / "compare.png")
+    assert (plots / "compare.png").read_bytes()[:4] == b"\x89PNG"
     assert compared["columns"] == ["", "default", "pcie-ar"]
     rows = {row[0]: row[1:] for row in compared["rows"]}
     assert rows["result"] == ["ok", "ok"]
     assert rows["c=4 tok/s"][1] == "-" and float(rows["c=4 tok/s"][0]) > 0
     assert rows["field c=1024 tok/s"] == ["3740", "3740"]
-    text = builder.run("qualify", "--compare", *outs).stdout
+    text = builder.run("qualify", "--compare", *outs, "--out", str(plots)).stdout
     assert text.splitlines()[0].split() == ["default", "pcie-ar"]
+    assert text.splitlines()[-1] == f"plot: {plots / 'compare.png'}"
 
 
 class _StandInNvml:

@@ -4,15 +4,8 @@ leaves a receipt; `--compare` puts receipts side by side."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import math
-import re
-from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
-
-from rich.markup import escape
 
 from builder.cache import atomic_write_text
 from builder.commands.common import (
@@ -21,6 +14,13 @@ from builder.commands.common import (
     add_output_options,
     add_project_options,
     print_json,
+)
+from builder.commands.qualify_run import (
+    STALL_MINUTES,
+    Checked,
+    Launched,
+    Plan,
+    run_checks,
 )
 from builder.commands.serve import (
     add_launch_options,
@@ -34,24 +34,18 @@ from builder.settings import resolve_data_dir
 from builder.target import load_target
 
 docker_client = lazy_module("builder.docker_client")
-gpu_state = lazy_module("builder.gpu_state")
+gsm8k = lazy_module("builder.gsm8k")
 image_recipe = lazy_module("builder.recipe")
 launch = lazy_module("builder.launch")
-packs = lazy_module("builder.kernels.packs")
 progress = lazy_module("builder.progress")
-qualify = lazy_module("builder.qualify")
-readiness = lazy_module("builder.readiness")
 receipt_views = lazy_module("builder.receipt_views")
-receipts = lazy_module("builder.receipts")
-runtime_jit = lazy_module("builder.runtime_jit")
-serving_bench = lazy_module("builder.serving_bench")
 validate = lazy_module("builder.validate")
-verify = lazy_module("builder.verify")
 docker = lazy_module("docker")
-identity = lazy_module("builder.identity")
 
-DEFAULT_CONCURRENCY = "1,64,256,1024"
+DEFAULT_CONCURRENCY = "1,32,256,1024"
 DEFAULT_NEEDLES = "4096,16384,65536"
+DEFAULT_PREFILL = "8192,65536"
+DEFAULT_CHOOSE_AT = 32  # the anchors' most published level (cc32)
 
 
 def _numbers(flag: str, text: str) -> list[int]:
@@ -64,173 +58,106 @@ def _numbers(flag: str, text: str) -> list[int]:
     return values
 
 
-def _public_url(url: str) -> str:
-    """The URL without user:password@ (the receipt and the log never hold credentials)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"[{host}]" if ":" in host else host
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
-def _image_of(image, reference: str | None) -> dict:
-    return {
-        "reference": reference,
-        "id": image.id,
-        "repo_digests": image.attrs.get("RepoDigests") or [],
-        "built_by_builder": image_recipe.built_by_builder(image),
-    }
-
-
-def _given_image(client, reference: str):
-    """--image, pulled when it is not here (as verify does)."""
-    image_recipe.from_image(client, reference)  # pulls; refuses an image without a recipe
-    return client.images.get(reference)
-
-
-_SECRET_NAME = re.compile(r"key|token|password|secret|credential", re.IGNORECASE)
-
-
-def _server_command(container) -> list[str]:
-    """What the container runs (entrypoint + command), with the value of every flag whose
-    name says secret (`--api-key V`, `--api-key=V`, `--ssl-keyfile-password V`) hidden."""
-    config = container.attrs["Config"]
-    command = [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
-    shown = []
-    for index, part in enumerate(command):
-        flag, equals, _ = part.partition("=")
-        previous = command[index - 1] if index else ""
-        if part.startswith("--") and equals and _SECRET_NAME.search(flag):
-            shown.append(f"{flag}=<redacted>")
-        elif previous.startswith("--") and "=" not in previous and _SECRET_NAME.search(previous):
-            shown.append("<redacted>")
-        else:
-            shown.append(part)
-    return shown
-
-
-def _started_seconds_ago(container) -> float | None:
-    try:
-        started = docker_client.started_at(container)
-    except ValueError:
-        return None
-    return (datetime.now(UTC) - started).total_seconds()
-
-
-# sglang's line once the HTTP server serves (srt/entrypoints/http_server.py).
-_SGLANG_READY = "The server is fired up and ready to roll"
-
-
-def _time_to_ready(container, waited: float) -> tuple[float | None, str]:
-    """Seconds from the container's start to ready: seen by waiting for it, or read from
-    sglang's own ready line; a server already up when qualify came, without that line in
-    its log, has no known figure (not the age of the container)."""
-    if container is None:
-        return round(waited, 1), "qualify start"
-    container.reload()
-    try:
-        started = docker_client.started_at(container)
-    except ValueError:
-        return None, "unknown: ready before qualify came"
-    # This start's lines only (a restarted container keeps the earlier ones).
-    logs = container.logs(timestamps=True, since=started.replace(tzinfo=None))
-    for line in logs.decode(errors="replace").splitlines():
-        if _SGLANG_READY in line:
-            try:
-                ready = docker_client.timestamp(line.split(" ", 1)[0])
-            except ValueError:
-                break
-            if ready >= started:
-                return round((ready - started).total_seconds(), 1), "container start (its log)"
-    since_start = _started_seconds_ago(container)
-    if since_start is not None and waited >= 5:  # qualify saw it turn ready
-        return round(since_start, 1), "container start"
-    return None, "unknown: ready before qualify came"
-
-
-class _Run:
-    """The receipt as it fills, and the first hard failure."""
-
-    def __init__(self, receipt: dict) -> None:
-        self.receipt = receipt
-
-    def fail(self, check: str, message: str) -> None:
-        self.receipt["result"] = {"ok": False, "failed_at": check, "message": message}
-        raise _Failed(check, message)
-
-
-class _Failed(Exception):
-    def __init__(self, check: str, message: str) -> None:
-        super().__init__(f"{check}: {message}")
-        self.check = check
-
-
-def _launched_profile(args, container) -> tuple[str | None, tuple]:
-    """--profile and --set, else what `launch` labelled the container with."""
-    params = tuple(tuple(item.split("=", 1)) for item in args.set)
-    if args.profile or container is None:
-        return args.profile, params
-    return launch.launched_with(container.labels or {}, params)
-
-
-def _expect_from_profile(
-    args, client, image: dict | None, profile: str | None, params: tuple
-) -> tuple[dict, float | None]:
-    """The backends the profile asks for, and its deadline: from the image's own recipe
-    when it is a builder image, else from the checkout's target."""
-    if not profile:
-        return {}, None
-    reference = args.image or (image or {}).get("id")
-    if reference and (args.image or image.get("built_by_builder")):
-        source = image_recipe.profiles_of(image_recipe.launch_recipe(reference), reference)
-    else:
-        source = load_target(resolve_data_dir(args.data_dir), args.target).file
-    recipe = launch.resolve(source, profile, "-", launch.Overrides(params=params))
-    return dict(recipe.expect), recipe.ready_deadline_minutes
-
-
 def cmd_qualify(args: argparse.Namespace) -> None:
     if args.compare:
         _compare(args)
         return
+    if args.sweep and (args.url or args.container or args.start or args.profile):
+        raise BuilderError(
+            "qualify --sweep starts each profile itself: give no URL, --container, --start "
+            "or --profile"
+        )
     if args.start and (args.url or args.container):
         raise BuilderError("qualify --start starts the server itself: give no URL or --container")
-    if not args.url and not args.start:
+    if not (args.url or args.start or args.sweep):
         raise BuilderError(
             "qualify: give the server URL (http://HOST:PORT), --start to launch one, "
-            "or --compare A B"
+            "--sweep P1,P2 to launch and compare profiles, or --compare A B"
         )
     url = validate.server_url("qualify URL", args.url) if args.url else ""
     concurrency = _numbers("--concurrency", args.concurrency)
     needles = _numbers("--needles", args.needles)
+    prefill = _numbers("--prefill-lens", args.prefill_lens)
     args.deadline = validate.minutes("--deadline", args.deadline)
+    args.stall_minutes = validate.minutes("--stall-minutes", args.stall_minutes)
     if not (math.isfinite(args.level_seconds) and args.level_seconds >= 1):
         raise BuilderError(f"--level-seconds {args.level_seconds:g}: must be a number, 1 or more")
-    for flag, value in (("--input-len", args.input_len), ("--output-len", args.output_len)):
+    for flag, value in (
+        ("--input-len", args.input_len), ("--output-len", args.output_len),
+        ("--arithmetic", args.arithmetic), ("--gsm8k-limit", args.gsm8k_limit or 1),
+        ("--prompts", args.prompts or 1),
+    ):  # fmt: skip
         if value <= 0:
             raise BuilderError(f"{flag} {value}: must be a whole number above 0")
-    if args.prompts is not None and args.prompts <= 0:
-        raise BuilderError(f"--prompts {args.prompts}: must be a whole number above 0")
     if args.image:
         validate.image_reference("--image", args.image)
     for item in args.set:
         if "=" not in item or item.startswith("="):
             raise BuilderError(f"--set {item}: expected KEY=VALUE")
+    if args.client == "image" and not (args.container or args.start or args.sweep):
+        raise BuilderError(
+            "--client image: needs --container NAME or --start "
+            "(sglang's bench_serving runs inside the server's container)"
+        )
+    if args.sweep:
+        _check_sweep_input(args, concurrency)
     out = validate.writable_dir("--out", args.out)
     api_key = read_api_key(args.api_key_file) if args.api_key_file else None
-    if not args.start:
+    if not (args.start or args.sweep):
         given = [flag for flag, attr in _START_ONLY if getattr(args, attr) != _DEFAULTS[attr]]
         if given:
             raise BuilderError(f"{given[0]}: only with --start (it launches the server)")
-        _qualify(args, url, api_key, concurrency, needles, out)
+    if args.sweep:
+        from builder.commands import qualify_sweep
+
+        names, known = qualify_sweep.prepare(args)
+    # The data before any server starts: no GPU hour is spent on a run that cannot finish.
+    plan = Plan(concurrency, needles, prefill, gsm8k.load(args.gsm8k, args.gsm8k_limit), api_key)
+    if args.sweep:
+        qualify_sweep.run(args, plan, out, names, known)
         return
+    if args.start:
+        _report(args, start_and_qualify(args, plan, out))
+    else:
+        _report(args, run_checks(args, url, plan, out))
+
+
+def _check_sweep_input(args, concurrency: list[int]) -> None:
+    for flag, given in (
+        ("--no-throughput", args.no_throughput), ("--push-receipt", args.push_receipt),
+        ("--keep-server", args.keep_server),
+    ):  # fmt: skip
+        if given:
+            raise BuilderError(
+                f"{flag}: not with --sweep (it chooses by speed, one server after another, "
+                "and the registry keeps one receipt per image)"
+            )
+    if args.choose_at not in concurrency:
+        raise BuilderError(
+            f"--choose-at {args.choose_at}: not one of the --concurrency levels "
+            f"({','.join(map(str, concurrency))})"
+        )
+
+
+def profiles_for(args) -> launch.Profiles:
+    """The launch profiles --start and --sweep start from: the image's recipe, else the
+    checkout's target."""
+    if args.image:
+        return image_recipe.profiles_of(image_recipe.launch_recipe(args.image), args.image)
+    return launch.Profiles.of(load_target(resolve_data_dir(args.data_dir), args.target).file)
+
+
+def start_and_qualify(args, plan: Plan, out: Path, earlier: list | None = None) -> Checked:
+    """`--start`: the server from the launch options, qualified, then stopped and removed
+    (its log kept as out/server.log)."""
     recipe, _ = recipe_from_args(args)  # every input checked before a server starts
+    known = profiles_for(args)
     start_server(recipe)
     progress.info(f"started {recipe.container_name} from {recipe.image}; qualifying it")
     args.container, args.image, args.profile = recipe.container_name, None, recipe.profile
+    args.launched = Launched(recipe, known)
     try:
-        _qualify(args, recipe.url, api_key, concurrency, needles, out)
+        return run_checks(args, recipe.url, plan, out, earlier)
     finally:
         if args.keep_server:
             progress.info(f"{recipe.container_name} keeps running (--keep-server)")
@@ -252,64 +179,14 @@ def _stop_server(name: str, out: Path) -> None:
     progress.info(f"stopped and removed {name}, its log in {out / 'server.log'}")
 
 
-def _qualify(args, url: str, api_key, concurrency, needles, out: Path) -> None:
-    client = docker_client.connect() if (args.container or args.image) else None
-    container = None
-    if args.container:
-        try:
-            container = client.containers.get(args.container)
-        except docker.errors.NotFound:
-            raise BuilderError(f"--container {args.container}: no such container") from None
-    image = (
-        _image_of(container.image, container.attrs["Config"].get("Image")) if container else None
+def _report(args, checked: Checked) -> None:
+    """One run's lines (or JSON), and its exit code."""
+    receipt, receipt_path, plot, pushed = (
+        checked.receipt,
+        checked.path,
+        checked.plot,
+        checked.pushed,
     )
-    if args.image:
-        given = _given_image(client, args.image)
-        if image and image["id"] != given.id:
-            raise BuilderError(
-                f"--image {args.image} is not the image --container {args.container} runs "
-                f"({image['reference']})"
-            )
-        image = _image_of(given, args.image)
-    profile, params = _launched_profile(args, container)
-    in_image, client_note = _throughput_client(args, container)
-
-    receipt: dict = {
-        "schema": receipt_views.RECEIPT_SCHEMA,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "builder": identity.builder_identity(),
-        "server": {
-            "url": _public_url(url),
-            "container": args.container,
-            "image": image,
-            "profile": profile,
-            "params": [list(pair) for pair in params],
-            "command": _server_command(container) if container else None,
-        },
-        "gpus": gpu_state.describe(),
-        "verify": None,
-        "startup": None,
-        "correctness": None,
-        "throughput": None,
-        "result": {"ok": True, "failed_at": None, "message": "every check passed"},
-    }
-    run = _Run(receipt)
-    with contextlib.suppress(_Failed):  # the receipt says where it stopped
-        _checks(
-            args, run, client, container, image, url, api_key, concurrency, needles,
-            (in_image, client_note),
-        )  # fmt: skip
-    receipt_path = out / "receipt.json"
-    atomic_write_text(receipt_path, json.dumps(receipt, indent=2, sort_keys=True) + "\n")
-    plot = receipt_views.plot(receipt, out / "receipt.png") if receipt["throughput"] else None
-    pushed = None
-    if args.push_receipt:
-        try:
-            pushed = {"reference": receipts.push(client or docker_client.connect(), receipt_path)}
-            progress.info(escape(f"receipt pushed beside its image: {pushed['reference']}"))
-        except BuilderError as exc:
-            pushed = {"error": str(exc)}
-            progress.warn(f"--push-receipt: {exc}")
     push_failed = bool(pushed and "error" in pushed)
     ok = receipt["result"]["ok"] and not push_failed
     if args.json:
@@ -323,182 +200,22 @@ def _qualify(args, url: str, api_key, concurrency, needles, out: Path) -> None:
         raise SystemExit(EXIT_CODES["unqualified"])
 
 
-def _throughput_client(args, container) -> tuple[bool, str]:
-    """Whether sglang's bench_serving in the container measures throughput, and why.
-    sglang's own bench_serving from the server's image where it can run; builder's, which
-    follows its definitions, where it cannot (no container to run it in, or no sglang)."""
-    if args.no_throughput:
-        return False, ""
-    if args.client == "builder":
-        return False, "--client builder"
-    if container is None:
-        if args.client == "image":
-            raise BuilderError(
-                "--client image: needs --container NAME or --start "
-                "(sglang's bench_serving runs inside the server's container)"
-            )
-        return False, "no --container to run sglang's bench_serving in"
-    why = serving_bench.missing(container)
-    if why and args.client == "image":
-        raise BuilderError(f"--client image: container {container.name}: {why}")
-    if why:
-        return False, f"container {container.name}: {why}"
-    return True, f"from container {container.name}"
-
-
-def _checks(
-    args, run, client, container, image, url, api_key, concurrency, needles, throughput_client
-) -> None:
-    receipt = run.receipt
-    # 1. The image's own promise, when it is known and a builder image.
-    reference = args.image or (image or {}).get("id")
-    if reference and (args.image or image.get("built_by_builder")):
-        try:
-            with progress.task(f"verify {reference}"):
-                _, checks = verify.verify(client, reference)
-        except BuilderError as exc:
-            run.fail("verify", str(exc))
-        failed = [c for c in checks if not c.ok]
-        receipt["verify"] = {"ok": not failed, "checks": [c.to_json() for c in checks]}
-        if failed:
-            run.fail("verify", f"{failed[0].check}: {failed[0].detail}")
-
-    # 2. Start-up: ready (and the profile's backends), then every JIT compile it cost.
-    launched = receipt["server"]
-    expect, profile_deadline = _expect_from_profile(
-        args, client, image, launched["profile"], tuple(tuple(p) for p in launched["params"])
-    )
-    deadline = args.deadline if args.deadline is not None else (profile_deadline or 20)
-    verdict = readiness.wait_ready(
-        url,
-        deadline_s=deadline * 60,
-        expect=expect,
-        container=args.container,
-        docker_client=client,
-        poll_s=2.0,
-        stall_s=15 * 60,
-        api_key=api_key,
-    )
-    startup: dict = {"state": verdict.state, "message": verdict.message}
-    receipt["startup"] = startup
-    if verdict.state != "ready":
-        run.fail("startup", f"{verdict.state}: {verdict.message}")
-    startup["ready_seconds"], startup["ready_seconds_from"] = _time_to_ready(
-        container, verdict.elapsed
-    )
-    server_info = verdict.server_info
-    receipt["server"]["server_info"] = {
-        key: server_info.get(key)
-        for key in sorted(server_info)
-        if not isinstance(server_info.get(key), dict | list) and not _SECRET_NAME.search(key)
-    }
-    if container:
-        try:
-            flashinfer = [m.name for m in packs.compiled_in_container(container)]
-            others = runtime_jit.compiled_in_container(container)
-        except docker.errors.APIError as exc:
-            run.fail("startup", f"cannot inspect container {args.container}: {exc.explanation}")
-        compiled = {"flashinfer": flashinfer, **others.to_json()}
-        startup["compiled_at_start"] = compiled
-        if others.by_cache is None and not args.accept_start_compiles:
-            run.fail("startup", f"the server's JIT caches could not be read ({others.why_unread})")
-        counted = {cache: names for cache, names in compiled.items() if names}
-        if counted and not args.accept_start_compiles:
-            names = "; ".join(f"{cache}: {', '.join(n)}" for cache, n in counted.items())
-            fix = (
-                f"builder jit harvest --container {args.container}, then rebuild"
-                if flashinfer
-                else "they are on the sglang cache volume now: restart and qualify again"
-            )
-            run.fail("startup", f"{sum(map(len, counted.values()))} JIT compiles ({names}); {fix}")
-    else:
-        startup["compiled_at_start"] = None  # no container: nothing to look into
-
-    # 3. Correctness at temperature 0.
-    server = qualify.Server(url, api_key)
-    try:
-        model, context = qualify.served_model(server)
-    except qualify.QualifyError as exc:
-        run.fail("correctness", str(exc))
-    correctness: dict = {"model": model, "context_length": context}
-    receipt["correctness"] = correctness
-    with progress.task(f"correctness: {len(qualify.PROBES)} probes"):
-        try:
-            correctness["probes"] = qualify.run_probes(server, model)
-        except qualify.QualifyError as exc:
-            correctness["probes"] = exc.partial
-            run.fail("correctness", str(exc))
-    with progress.task(f"correctness: needles at {', '.join(map(str, needles))} tokens"):
-        try:
-            correctness["needles"] = qualify.run_needles(server, model, needles, context, args.seed)
-        except qualify.QualifyError as exc:
-            correctness["needles"] = exc.partial
-            run.fail("correctness", str(exc))
-
-    # 4. Throughput, with the GPUs sampled through each level.
-    if args.no_throughput:
-        return
-    levels = []
-    in_image, client_note = throughput_client
-    receipt["throughput"] = {
-        "client": f"{serving_bench.MODULE} in the server's image"
-        if in_image
-        else "builder (sglang bench_serving's metric definitions, /generate streaming)",
-        "client_why": client_note,
-        "input_len": args.input_len,
-        "output_len": args.output_len,
-        "seed": args.seed,
-        "level_seconds": args.level_seconds,
-        "levels": levels,
-    }
-    for level in concurrency:
-        prompts = args.prompts or min(max(4 * level, 16), 4096)
-        with progress.task(f"throughput: concurrency {level}, {prompts} prompts"):
-            sampler = gpu_state.measure()
-            if in_image:
-                result = serving_bench.run_level(
-                    container, base_url=_inside_url(url, server_info), model=model,
-                    tokenizer=args.tokenizer or _tokenizer_of(server_info, model),
-                    api_key=api_key, concurrency=level, prompts=prompts,
-                    input_len=args.input_len, output_len=args.output_len, seed=args.seed,
-                    deadline_s=int(2 * args.level_seconds) + 120,
-                )  # fmt: skip
-            else:
-                result = qualify.run_level(
-                    server, level, prompts, args.input_len, args.output_len, args.seed,
-                    args.level_seconds,
-                )  # fmt: skip
-            result["gpu"] = sampler.stop()
-        levels.append(result)
-        if not result["completed"]:
-            run.fail(
-                "throughput",
-                f"concurrency {level}: no request completed ({result['first_error']})",
-            )
-
-
-def _inside_url(url: str, server_info: dict) -> str:
-    """The server as a process in its own container reaches it: loopback, on the port the
-    server itself listens on (a published port may differ)."""
-    parts = urlsplit(url)
-    port = server_info.get("port") if isinstance(server_info.get("port"), int) else parts.port
-    return f"{parts.scheme}://127.0.0.1:{port}"
-
-
-def _tokenizer_of(server_info: dict, model: str) -> str:
-    for key in ("tokenizer_path", "model_path"):
-        if isinstance(server_info.get(key), str) and server_info[key]:
-            return server_info[key]
-    return model
-
-
 def _compare(args) -> None:
-    header, rows = receipt_views.compare(args.compare)
+    named = receipt_views.expand(args.compare)
+    header, rows = receipt_views.compare(named)
+    out = validate.writable_dir("--out", args.out)
+    plot = receipt_views.plot_compare(named, out / "compare.png")
     if args.json:
-        print_json({"columns": header, "rows": rows})
+        print_json({"columns": header, "rows": rows, "plot": plot and str(plot)})
         return
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
+    print_table([header, *rows])
+    if plot:
+        print(f"plot: {plot}")
+
+
+def print_table(rows: list[list[str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
 
 
@@ -521,23 +238,32 @@ or one it starts itself from an image's launch recipe (--start; stopped afterwar
 order, stopping at the first hard failure with one line that names it:
   verify      the image's own checks (with --image, or a --container of a builder image)
   startup     ready (the --profile's backends), then every JIT compile the start cost,
-              per cache: FlashInfer, DeepGEMM, sglang's JIT, Triton (0 expected)
-  correctness short probes with one right answer, at temperature 0; then a code hidden
-              in filler at each --needles length (past the sparse top-k of 2048 tokens)
+              per cache: FlashInfer, DeepGEMM, sglang's JIT, Triton (0 expected); a
+              start that stalls in CUDA-graph capture is a `graph-capture hang`
+  correctness the gates, at temperature 0, thinking off: short probes with one right
+              answer; a code hidden in filler at each --needles length (past the sparse
+              top-k of 2048 tokens); --arithmetic two-digit products from --seed; the
+              same prompts alone and 32 at once, byte-identical; GSM8K 5-shot strict
+              match >= 0.94 (--gsm8k); MTP acceptance recorded for a speculative profile
   throughput  random prompts from --seed at each --concurrency, measured by sglang's
               own bench_serving inside the server's container (builder's client, same
               definitions, where it cannot run): output tok/s, req/s, TTFT and TPOT
               p50/p99; the GPUs' power, SM clock, utilisation and memory sampled with
-              NVML meanwhile
+              NVML meanwhile; then prefill at each --prefill-lens (TTFT of one request)
 The receipt (receipt.json, and receipt.png when matplotlib is installed) goes to --out;
 --push-receipt also stores it beside the image in its registry, for verify and launch.
-Exit codes: 0 qualified, 1 bad input, 8 a check failed (the receipt says which),
-9 no Docker daemon.
+--sweep P1,P2 starts, qualifies and stops each profile in turn (a graph-capture hang is
+retried once with the profile's [fallback] params), a receipt each in --out/PROFILE/, then
+chooses per concurrency level the fastest profile that passed every gate: --out/chosen.json
+(for `deploy-files --profile chosen`). Exit codes: 0 qualified (a sweep: a profile
+chosen), 1 bad input, 8 a check failed (the receipt says which; a sweep: none chosen),
+9 no Docker daemon, or the hub did not answer for GSM8K.
 
 examples:
   builder qualify http://127.0.0.1:30000 --container sglang-glm5 --profile glm5-nvfp4-tp8
   builder qualify --start --image REGISTRY/sglang-sm120@sha256:... --profile glm5-nvfp4-tp8-pcie-ar
-  builder qualify --compare default/receipt.json pcie-ar/receipt.json""",
+  builder qualify --sweep glm5-nvfp4-tp8,glm5-nvfp4-tp8-pcie-ar --image REGISTRY/... --out qualify
+  builder qualify --compare qualify/   # a sweep's folder, or receipts: one table, compare.png""",
         epilog=EPILOG,
         formatter_class=HelpFormatter,
     )
@@ -547,6 +273,17 @@ examples:
         "--start", action="store_true",
         help="start the server itself, as `launch --run` does (--image or the latest manifest, "
         "--profile, --set, --model, --port ...), qualify it, then stop and remove it",
+    )  # fmt: skip
+    command.add_argument(
+        "--sweep", metavar="P1,P2,...",
+        help="start each profile in turn as --start does (the same launch options), run every "
+        "check, stop it; then choose per level the fastest that passed every gate "
+        "(--out/PROFILE/receipt.json, --out/chosen.json)",
+    )  # fmt: skip
+    command.add_argument(
+        "--choose-at", type=int, default=DEFAULT_CHOOSE_AT, metavar="N",
+        help="with --sweep: the concurrency level of the one overall choice "
+        f"(default: {DEFAULT_CHOOSE_AT})",
     )  # fmt: skip
     command.add_argument(
         "--keep-server", action="store_true", help="with --start: leave the server running"
@@ -590,11 +327,34 @@ examples:
         "--needles", default=DEFAULT_NEEDLES, metavar="TOKENS,...",
         help=f"needle lengths, clamped to the served context (default: {DEFAULT_NEEDLES})",
     )  # fmt: skip
+    command.add_argument(
+        "--prefill-lens", default=DEFAULT_PREFILL, metavar="TOKENS,...",
+        help="prefill levels: TTFT of one request at a time with this many input tokens and "
+        f"1 output token (default: {DEFAULT_PREFILL}; longer than the context: skipped)",
+    )  # fmt: skip
+    command.add_argument(
+        "--arithmetic", type=int, default=20, metavar="N",
+        help="two-digit products the arithmetic gate asks, from --seed (default: 20)",
+    )  # fmt: skip
+    command.add_argument(
+        "--gsm8k", default="hub", metavar="hub|FILE|none",
+        help="GSM8K's questions: openai/gsm8k's test split from the Hugging Face hub (its "
+        "rows API), a jsonl FILE of {question, answer ending '#### N'}, or none (the gate "
+        "is then skipped, and a sweep chooses no profile) (default: hub)",
+    )  # fmt: skip
+    command.add_argument(
+        "--gsm8k-limit", type=int, metavar="N", help="ask only the first N GSM8K questions"
+    )
     command.add_argument("--seed", type=int, default=1, help="prompts and needles (default: 1)")
     command.add_argument(
         "--deadline", metavar="MINUTES",
         help="how long to wait for ready, in minutes or with a unit (90s, 20m, 1h) "
         "(default: the profile's, or 20)",
+    )  # fmt: skip
+    command.add_argument(
+        "--stall-minutes", default=str(STALL_MINUTES), metavar="MINUTES",
+        help="no new log line for this long before ready is a stalled start (one after a "
+        f"capture-begin line: a graph-capture hang) (default: {STALL_MINUTES:g})",
     )  # fmt: skip
     command.add_argument(
         "--accept-start-compiles", action="store_true",
@@ -619,7 +379,11 @@ examples:
         "(REPO:sha256-<hex>.receipt); verify and launch --image then show it",
     )  # fmt: skip
     command.add_argument(
-        "--compare", nargs="+", metavar="RECEIPT", help="print receipts side by side and stop"
+        "--compare",
+        nargs="+",
+        metavar="RECEIPT|DIR",
+        help="print receipts (or a sweep's folder) side by side, plot them to "
+        "--out/compare.png, and stop",
     )
     add_launch_options(command, skip=("--profile", "--image", "--set", "--api-key-file"))
     _DEFAULTS.update({attr: command.get_default(attr) for _, attr in _START_ONLY})

@@ -39,6 +39,7 @@ progress = lazy_module("builder.progress")
 readiness = lazy_module("builder.readiness")
 receipts = lazy_module("builder.receipts")
 runtime_jit = lazy_module("builder.runtime_jit")
+sweep = lazy_module("builder.sweep")
 validate = lazy_module("builder.validate")
 docker = lazy_module("docker")
 
@@ -223,12 +224,52 @@ def start_server(recipe: launch.Recipe) -> None:
         raise
 
 
+def apply_chosen(args: argparse.Namespace) -> None:
+    """`--profile chosen`: the profile, its params and the image a `qualify --sweep` chose
+    (its chosen.json in --qualify-dir); a --set given as well goes on top, with a warning."""
+    doc = sweep.load_chosen(args.qualify_dir)
+    where = Path(args.qualify_dir) / sweep.CHOSEN_FILE
+    chosen = doc["chosen"]
+    if not chosen:
+        raise BuilderError(
+            f"{where}: the sweep chose no profile at concurrency {doc['choose_at']} "
+            "(none passed every gate: builder qualify --compare shows why)"
+        )
+    image = chosen.get("image") or {}
+    known = {
+        chosen["image_ref"],
+        image.get("reference"),
+        image.get("id"),
+        *image.get("repo_digests", []),
+    }
+    if args.manifest:
+        raise BuilderError("--manifest: with --profile chosen the image is the one the sweep ran")
+    if args.image and args.image not in known:
+        raise BuilderError(
+            f"--image {args.image}: {where} chose {chosen['profile']} on {chosen['image_ref']}; "
+            "drop --image (it comes from there)"
+        )
+    for item in args.set:
+        progress.warn(f"--set {item}: on top of what the sweep qualified ({where})")
+    args.image = args.image or chosen["image_ref"]
+    args.profile = chosen["profile"]
+    args.set = [f"{key}={value}" for key, value in chosen["params"]] + list(args.set)
+    progress.info(
+        escape(
+            f"profile chosen by the sweep ({where}): {chosen['profile']} on {args.image}, "
+            f"{chosen['output_throughput']:g} output tok/s at concurrency {chosen['concurrency']}"
+        )
+    )
+
+
 def cmd_deploy_files(args: argparse.Namespace) -> None:
     # Where it writes is checked before anything is looked up.
     if args.install:
         root = validate.writable_dir("--root", args.root)
     else:
         out = validate.writable_dir("--out", args.out).resolve()
+    if args.profile == "chosen":
+        apply_chosen(args)
     recipe, source = recipe_from_args(args)
     if args.install:
         service_dir = f"{INSTALL_DIR}/{recipe.profile}"
@@ -477,11 +518,21 @@ def register(sub) -> None:
         "write a compose file and a systemd unit for the GPU VM",
         "Write compose.yaml (GPU reservation, host IPC, healthcheck with a start period that "
         "allows slow starts, no restart loop) and a systemd unit that runs it, for a launch "
-        "profile and the image of a manifest.\n\n"
-        "example: builder deploy-files --target sm120 --out deploy/",
+        "profile and the image of a manifest. --profile chosen takes the profile, its params "
+        "and the image from the chosen.json of a `qualify --sweep` (--qualify-dir).\n\n"
+        "examples:\n"
+        "  builder deploy-files --target sm120 --out deploy/\n"
+        "  builder deploy-files --profile chosen --qualify-dir qualify/ --out deploy/",
         uses=(PROJECT,),
     )
     add_launch_options(deploy)
+    deploy.add_argument(
+        "--qualify-dir",
+        default="qualify",
+        metavar="DIR",
+        help="with --profile chosen: the `qualify --sweep --out` folder whose chosen.json "
+        "names the profile, its params and the image (default: ./qualify)",
+    )
     deploy.add_argument("--out", default="deploy", help="output directory (default: ./deploy)")
     deploy.add_argument(
         "--install",

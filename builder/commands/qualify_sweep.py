@@ -1,0 +1,99 @@
+"""`builder qualify --sweep P1,P2,...`: each profile started, qualified and stopped in turn,
+as `qualify --start` does, a graph-capture hang retried once with the profile's declared
+fallback; then the verdict (builder/sweep.py) as --out/chosen.json and a table."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from pathlib import Path
+
+from rich.markup import escape
+
+from builder import launch, progress, sweep, validate
+from builder.cache import atomic_write_text
+from builder.commands import qualify as qualify_command
+from builder.commands.common import print_json
+from builder.errors import EXIT_CODES
+from builder.receipt_views import plot_compare
+
+
+def _with_params(args: argparse.Namespace, name: str, params) -> argparse.Namespace:
+    """The options for one profile's start: its name, --set with `params` over the user's."""
+    one = copy.copy(args)
+    merged = dict(item.split("=", 1) for item in args.set) | dict(params)
+    one.profile, one.set = name, [f"{key}={value}" for key, value in merged.items()]
+    return one
+
+
+def prepare(args: argparse.Namespace) -> tuple[list[str], launch.Profiles]:
+    """The profiles to sweep, each resolved with the user's --set and again with its
+    fallback, before any data is fetched or server started: a typo in the tenth profile
+    costs no GPU hour."""
+    names = sweep.profile_names(args.sweep)
+    known = qualify_command.profiles_for(args)
+    for name in names:
+        for params in ((), launch.fallback_params(known, name)):
+            one = _with_params(args, name, params)
+            overrides = launch.Overrides(
+                model=one.model, port=one.port, params=tuple(p.split("=", 1) for p in one.set),
+                extra_args=tuple(one.extra_arg), hf_cache=one.hf_cache,
+                container_name=one.name, bind=one.bind,
+            )  # fmt: skip
+            launch.resolve(known, name, "-", overrides)
+    return names, known
+
+
+def _qualify_one(args, name: str, known: launch.Profiles, plan, folder: Path) -> dict:
+    """One profile: started, qualified, stopped; once more on its fallback after a
+    graph-capture hang (the hung start's log kept as server-graph-capture-hang.log)."""
+    checked = qualify_command.start_and_qualify(_with_params(args, name, ()), plan, folder)
+    startup = checked.receipt["startup"] or {}
+    if startup.get("state") != "graph-capture hang":
+        return checked.receipt
+    fallback = launch.fallback_params(known, name)
+    if not fallback:
+        progress.warn(f"{name}: graph-capture hang, and no [profiles.{name}.fallback] to retry")
+        return checked.receipt
+    hung_log = folder / "server-graph-capture-hang.log"
+    if (folder / "server.log").exists():
+        (folder / "server.log").replace(hung_log)
+    why = launch.flattened(known, name)["fallback"].get("why") or "no why given"
+    given = " ".join(f"--set {key}={value}" for key, value in fallback)
+    progress.info(
+        escape(f"{name}: graph-capture hang; once more with its fallback {given} ({why})")
+    )
+    earlier = [
+        {
+            "state": startup["state"], "message": checked.receipt["result"]["message"],
+            "capture_line": startup.get("capture_line"),
+            "params": checked.receipt["server"]["params"], "log": hung_log.name,
+            "fallback": {"params": [list(pair) for pair in fallback], "why": why},
+        }
+    ]  # fmt: skip
+    retry = _with_params(args, name, fallback)
+    return qualify_command.start_and_qualify(retry, plan, folder, earlier).receipt
+
+
+def run(args: argparse.Namespace, plan, out: Path, names: list[str], known) -> None:
+    swept = []
+    for name in names:
+        folder = validate.writable_dir("--out", str(out / name))
+        progress.info(escape(f"sweep: profile {name} ({len(swept) + 1} of {len(names)})"))
+        receipt = _qualify_one(args, name, known, plan, folder)
+        swept.append(sweep.Swept(name, receipt, f"{name}/receipt.json"))
+        stands, fell, why = sweep.standing(receipt)
+        progress.info(escape(f"{name}: " + ("stands" if stands else f"FAIL {fell}: {why}")))
+    doc = sweep.choose(swept, plan.concurrency, args.choose_at)
+    chosen_path = out / sweep.CHOSEN_FILE
+    atomic_write_text(chosen_path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    plot = plot_compare([(s.profile, s.receipt) for s in swept], out / "sweep.png")
+    if args.json:
+        print_json({**doc, "chosen_file": str(chosen_path), "plot": plot and str(plot)},
+                   ok=doc["chosen"] is not None)  # fmt: skip
+    else:
+        qualify_command.print_table(sweep.table(doc, swept))
+        print(f"{sweep.summary(doc)}; {chosen_path}" + (f" (plot: {plot})" if plot else ""))
+    if doc["chosen"] is None:
+        raise SystemExit(EXIT_CODES["unqualified"])

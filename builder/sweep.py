@@ -1,0 +1,182 @@
+"""`qualify --sweep`'s verdict: per concurrency level, the fastest profile that passed every
+check and every mandatory gate (output tok/s), and one choice at a stated level, written as
+chosen.json for `deploy-files --profile chosen`.
+
+A profile stands when its receipt's result is ok and each mandatory gate passed: a gate
+skipped (`--gsm8k none`, or not reached) is not passed. Equal figures go to the profile
+named first in --sweep (the operator's order is the preference).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from builder import gates as gate_list
+from builder.errors import BuilderError
+from builder.identity import builder_identity
+
+CHOSEN_SCHEMA = "builder-qualify-chosen/1"
+CHOSEN_FILE = "chosen.json"
+
+
+def profile_names(text: str) -> list[str]:
+    """--sweep's list: profile names, each once."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names or len(set(names)) != len(names):
+        raise BuilderError(f"--sweep {text!r}: expected profile names, each once, e.g. a,b")
+    return names
+
+
+@dataclass(frozen=True)
+class Swept:
+    profile: str
+    receipt: dict
+    path: str  # the receipt, relative to the sweep's folder
+
+
+def standing(receipt: dict) -> tuple[bool, str | None, str | None]:
+    """(stands, where it fell: a check or `gate NAME`, why)."""
+    result = receipt["result"]
+    if not result["ok"] and result["failed_at"] != "correctness":
+        return False, result["failed_at"], result["message"]
+    gates = receipt.get("gates")
+    if not gates:
+        return False, "gates", "the receipt has no gates (made before they existed)"
+    fell = gate_list.not_passed(gates)
+    if fell:
+        why = f"{fell['status']}: {fell['why'] or fell['result']}"
+        return False, f"gate {fell['name']}", why
+    if not result["ok"]:
+        return False, result["failed_at"], result["message"]
+    return True, None, None
+
+
+def level_figure(receipt: dict, concurrency: int) -> float | None:
+    """Output tok/s at that level, when some request completed there."""
+    for level in (receipt.get("throughput") or {}).get("levels") or []:
+        if level["concurrency"] == concurrency and level.get("completed"):
+            return level.get("output_throughput")
+    return None
+
+
+def image_ref(image: dict | None) -> str | None:
+    """The image by digest where the registry gave one, else as it was started."""
+    if not image:
+        return None
+    digests = image.get("repo_digests") or []
+    return digests[0] if digests else image.get("reference") or image.get("id")
+
+
+def _choice(swept: Swept, concurrency: int, figure: float, ties: list[str]) -> dict:
+    server = swept.receipt["server"]
+    return {
+        "concurrency": concurrency,
+        "profile": swept.profile,
+        "output_throughput": figure,
+        "receipt": swept.path,
+        "params": server.get("params") or [],
+        "image": server.get("image"),
+        "image_ref": image_ref(server.get("image")),
+        "ties": ties,
+    }
+
+
+def choose(swept: list[Swept], levels: list[int], choose_at: int) -> dict:
+    """chosen.json: the choice at `choose_at`, the choice per level, and every profile with
+    where it fell."""
+    stands = {s.profile: standing(s.receipt) for s in swept}
+    per_level = []
+    for concurrency in levels:
+        ranked = [
+            (s, figure)
+            for s in swept
+            if stands[s.profile][0] and (figure := level_figure(s.receipt, concurrency)) is not None
+        ]
+        ranked.sort(key=lambda pair: -pair[1])  # stable: equal figures keep the --sweep order
+        if not ranked:
+            per_level.append({"concurrency": concurrency, "profile": None})
+            continue
+        best, figure = ranked[0]
+        ties = [s.profile for s, other in ranked[1:] if other == figure]
+        per_level.append(_choice(best, concurrency, figure, ties))
+    chosen = next((c for c in per_level if c["concurrency"] == choose_at), None)
+    profiles = []
+    for s in swept:
+        ok, fell, why = stands[s.profile]
+        attempts = (s.receipt.get("startup") or {}).get("attempts") or []
+        profiles.append({
+            "profile": s.profile, "receipt": s.path, "stands": ok, "fell_at": fell, "why": why,
+            "params": s.receipt["server"].get("params") or [],
+            "fallback_used": bool(attempts),
+        })  # fmt: skip
+    return {
+        "schema": CHOSEN_SCHEMA,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "builder": builder_identity(),
+        "rule": "per level the highest output tok/s among profiles whose result is ok and "
+        "whose every mandatory gate passed (skipped is not passed); a tie goes to the "
+        "profile named first in --sweep",
+        "choose_at": choose_at,
+        "chosen": chosen if chosen and chosen["profile"] else None,
+        "levels": per_level,
+        "profiles": profiles,
+    }
+
+
+def table(doc: dict, swept: list[Swept]) -> list[list[str]]:
+    """The verdict as rows: a profile a row, its output tok/s per level (`*`: chosen
+    there), and where it fell."""
+    levels = [c["concurrency"] for c in doc["levels"]]
+    chosen_at = {(c["profile"], c["concurrency"]) for c in doc["levels"] if c["profile"]}
+    rows = [["profile", "verdict", *(f"c={level}" for level in levels)]]
+    by_name = {s.profile: s for s in swept}
+    for entry in doc["profiles"]:
+        receipt = by_name[entry["profile"]].receipt
+        verdict = "ok" if entry["stands"] else f"FAIL {entry['fell_at']}: {entry['why']}"
+        if entry["fallback_used"]:
+            verdict += " (on its fallback)"
+        cells = []
+        for level in levels:
+            figure = level_figure(receipt, level)
+            mark = "*" if (entry["profile"], level) in chosen_at else ""
+            cells.append("-" if figure is None else f"{figure:g}{mark}")
+        rows.append([entry["profile"], verdict[:70], *cells])
+    return rows
+
+
+def summary(doc: dict) -> str:
+    chosen = doc["chosen"]
+    if not chosen:
+        return f"no profile stands at concurrency {doc['choose_at']}: nothing chosen"
+    return (
+        f"chosen at concurrency {chosen['concurrency']}: {chosen['profile']} "
+        f"({chosen['output_throughput']:g} output tok/s)"
+    )
+
+
+def load_chosen(folder: str | Path) -> dict:
+    """A sweep's chosen.json, checked to be one."""
+    path = Path(folder) / CHOSEN_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BuilderError(f"{path}: not a readable {CHOSEN_FILE} ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != CHOSEN_SCHEMA:
+        raise BuilderError(f"{path}: not a {CHOSEN_SCHEMA} file")
+    return doc
+
+
+def receipts_in(folder: Path) -> list[Path]:
+    """A sweep's receipts in --sweep order (chosen.json), else each PROFILE/receipt.json,
+    else the folder's own receipt.json."""
+    if (folder / CHOSEN_FILE).is_file():
+        return [folder / entry["receipt"] for entry in load_chosen(folder)["profiles"]]
+    if (folder / "receipt.json").is_file():
+        return [folder / "receipt.json"]
+    found = sorted(folder.glob("*/receipt.json"))
+    if not found:
+        raise BuilderError(f"--compare {folder}: no receipt.json in it or its folders")
+    return found
