@@ -24,6 +24,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from builder.urls import scrub
+
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 HEARTBEAT_S = 60.0
 _quiet = False
@@ -36,20 +38,21 @@ def set_quiet(quiet: bool) -> None:
 
 
 def info(message: str) -> None:
-    """A line; `message` may use rich markup (callers escape what they did not write)."""
+    """A line; `message` may use rich markup (callers escape what they did not write). Any
+    URL in it is shown without its credentials, as in every line builder prints."""
     if not _quiet:
-        console.print(message)
+        console.print(scrub(message))
 
 
 def warn(message: str) -> None:
-    console.print(f"[yellow]warning:[/] {escape(message)}")
+    console.print(f"[yellow]warning:[/] {escape(scrub(message))}")
 
 
 def _heartbeat(progress: Progress, started: float, stop: threading.Event) -> None:
     while not stop.wait(HEARTBEAT_S):
         description = progress.tasks[0].description if progress.tasks else ""
         minutes = (time.monotonic() - started) / 60
-        console.print(f"… {escape(description)} (running {minutes:.0f} min)")
+        console.print(f"… {escape(scrub(description))} (running {minutes:.0f} min)")
 
 
 @contextmanager
@@ -57,6 +60,7 @@ def task(description: str, total: float | None = None, announce: bool = True) ->
     """One long step: a live line on a terminal, start and heartbeat lines elsewhere; with
     `announce`, a ✓ line when the step finishes (the caller reports its own verdict if not).
     Yields the rich Progress (its one task: `task_ids[0]`) for bars and new descriptions."""
+    description = scrub(description)
     progress = Progress(
         SpinnerColumn(),
         TextColumn("{task.description}", markup=False),

@@ -266,3 +266,16 @@ def test_a_git_remote_that_asks_for_credentials_is_one_line(
     assert "internal error" not in result.stderr and TOKEN not in result.stderr
     if login:
         assert http_client.basic(USER, TOKEN) in {auth for _, auth in _Recorder.seen}
+
+
+def test_every_line_builder_prints_shows_urls_without_their_credentials(capsys) -> None:
+    """The one redaction (builder/urls.py) at the one place lines are printed (progress)."""
+    from builder import progress
+
+    progress.info(f"fetch https://{USER}:{TOKEN}@mirror.internal/x.git")
+    progress.warn(f"slow: http://{USER}:{TOKEN}@127.0.0.1:1/simple?token={TOKEN}")
+    with progress.task(f"download https://{USER}:{TOKEN}@files.internal/a.whl"):
+        pass
+    printed = capsys.readouterr().err
+    assert TOKEN not in printed
+    assert "https://mirror.internal/x.git" in printed and "token=***" in printed
