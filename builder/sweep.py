@@ -166,7 +166,51 @@ def load_chosen(folder: str | Path) -> dict:
         raise BuilderError(f"{path}: not a readable {CHOSEN_FILE} ({exc})") from None
     if not isinstance(doc, dict) or doc.get("schema") != CHOSEN_SCHEMA:
         raise BuilderError(f"{path}: not a {CHOSEN_SCHEMA} file")
+    problem = _chosen_problem(doc)
+    if problem:
+        raise BuilderError(f"{path}: not a {CHOSEN_SCHEMA} file ({problem})")
     return doc
+
+
+def _is_pairs(value: object) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(pair, list) and len(pair) == 2 and all(isinstance(v, str) for v in pair)
+        for pair in value
+    )
+
+
+def _chosen_problem(doc: dict) -> str | None:
+    """What in a chosen.json is not as `choose` writes it (read back by deploy-files and
+    --compare: a hand-edited or truncated file is one line, not a traceback)."""
+    chosen = doc.get("chosen")
+    if chosen is not None:
+        if not isinstance(chosen, dict):
+            return "chosen is not an object"
+        if not (isinstance(chosen.get("profile"), str) and chosen["profile"].isprintable()):
+            return "chosen.profile is not a profile name"
+        if not _is_pairs(chosen.get("params")):
+            return "chosen.params is not a list of [key, value]"
+        if not isinstance(chosen.get("image_ref"), str | None):
+            return "chosen.image_ref is not a string"
+        if not isinstance(chosen.get("image"), dict | None):
+            return "chosen.image is not an object"
+        figure = chosen.get("output_throughput")
+        if isinstance(figure, bool) or not isinstance(figure, int | float):
+            return "chosen.output_throughput is not a number"
+        if not isinstance(chosen.get("concurrency"), int):
+            return "chosen.concurrency is not a number"
+    if not isinstance(doc.get("choose_at"), int):
+        return "choose_at is not a number"
+    profiles = doc.get("profiles")
+    if not isinstance(profiles, list) or not all(
+        isinstance(entry, dict)
+        and isinstance(entry.get("receipt"), str)
+        and not Path(entry["receipt"]).is_absolute()
+        and ".." not in Path(entry["receipt"]).parts
+        for entry in profiles
+    ):
+        return "profiles is not a list of receipts inside the sweep's folder"
+    return None
 
 
 def receipts_in(folder: Path) -> list[Path]:

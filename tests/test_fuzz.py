@@ -1,6 +1,7 @@
 """A fuzz pass over what builder reads from outside: data files a site edits (pin.toml,
 target.toml, profiles.toml), what a registry hands back (an image's launch label), what a
-server answers (/server_info). Each starts from the real file or answer and changes one
+server answers (/server_info), receipts and a sweep's chosen.json read back (`--compare`,
+`deploy-files --profile chosen`); kernel packs and entry tars in tests/test_kernel_entries.py. Each starts from the real file or answer and changes one
 value at a time to another type, shape or text (hypothesis, a bounded number of examples
 each): builder must answer with its own one-line error (BuilderError) or work, never with
 a traceback, and never read without bound.
@@ -212,3 +213,54 @@ def test_server_info(info: dict) -> None:
 def test_server_info_bytes(body: bytes) -> None:
     parsed = readiness._json_object(body)
     assert parsed is None or isinstance(parsed, dict)
+
+
+_SWEEP = REPO_ROOT / "bench/results/sweep-h200/sweep-gpu.json"
+
+
+def _measured_receipt() -> dict:
+    """A receipt qualify wrote on the lent H200 (bench/results/sweep-h200)."""
+    return json.loads(_SWEEP.read_text())["runs"]["standin-mtp"]["receipt"]
+
+
+@FUZZ
+@given(receipt=_mutated(_measured_receipt()))
+def test_receipts_compared(tmp_path_factory, receipt: dict) -> None:
+    """`qualify --compare` over receipts (one as written, one changed): the CLI's answer is
+    0 or a one-line error (1), never an internal error (2)."""
+    from builder import cli
+
+    folder = tmp_path_factory.mktemp("compare")
+    (folder / "a").mkdir()
+    (folder / "b").mkdir()
+    (folder / "a" / "receipt.json").write_text(json.dumps(_measured_receipt()))
+    (folder / "b" / "receipt.json").write_text(json.dumps(receipt))
+    code = cli.main(
+        [
+            "qualify",
+            "--compare",
+            str(folder / "a"),
+            str(folder / "b"),
+            "--out",
+            str(folder / "o"),
+            "--json",
+        ]
+    )
+    assert code in (0, 1)
+
+
+@FUZZ
+@given(doc=_mutated(json.loads((REPO_ROOT / "bench/results/sweep-h200/chosen.json").read_text())))
+def test_a_sweep_s_chosen_json(tmp_path_factory, doc: dict) -> None:
+    """What deploy-files --profile chosen and --compare read back from a sweep's folder."""
+    from builder import sweep
+
+    folder = tmp_path_factory.mktemp("chosen")
+    (folder / sweep.CHOSEN_FILE).write_text(json.dumps(doc))
+
+    def use() -> None:
+        loaded = sweep.load_chosen(folder)
+        sweep.summary(loaded)
+        sweep.receipts_in(folder)
+
+    _refused_or_fine(use)

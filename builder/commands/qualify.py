@@ -202,9 +202,15 @@ def _report(args, checked: Checked) -> None:
 
 def _compare(args) -> None:
     named = receipt_views.expand(args.compare)
-    header, rows = receipt_views.compare(named)
     out = validate.writable_dir("--out", args.out)
-    plot = receipt_views.plot_compare(named, out / "compare.png")
+    try:
+        header, rows = receipt_views.compare(named)
+        plot = receipt_views.plot_compare(named, out / "compare.png")
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
+        raise BuilderError(
+            f"--compare: a receipt is not as builder qualify writes it ({type(exc).__name__}: "
+            f"{str(exc)[:80]!r}); compare receipts this builder wrote"
+        ) from None
     if args.json:
         print_json({"columns": header, "rows": rows, "plot": plot and str(plot)})
         return
