@@ -21,6 +21,7 @@ from packaging.version import InvalidVersion, Version
 
 from builder.cuda import MIN_CUDA_FOR_ARCH, arch_base
 from builder.errors import BuilderError
+from builder.kernels import generators
 
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 _ARCH_RE = re.compile(r"^\d+\.\d+[af]?$")
@@ -110,7 +111,7 @@ class ImageSettings:
 class JitModule:
     """One FlashInfer module pre-compiled for the target, and why the server loads it."""
 
-    generator: str  # package.module:gen_function or package.module:gen_function(args)
+    generator: str  # flashinfer.jit.<module>:gen_<name> or ...:gen_<name>(args)
     # `key=value` (as /server_info reports it), `env:NAME=value` or `always`; alternatives
     # joined by " | " (any of them loads it)
     loaded_when: str
@@ -256,7 +257,6 @@ def _release(reader: _Reader, build: _Reader, version: str) -> ReleaseSource:
     return ReleaseSource(filename, sha256, python_tags.pop())
 
 
-_GENERATOR_RE = re.compile(r"^[\w.]+:\w+(\(.*\))?$")
 # `key=value` as /server_info reports it, `env:NAME=value` from the profile's environment,
 # or `always` (the model's own code path loads it under every profile).
 _SETTING_RE = re.compile(r"^(always|(env:)?\w+=.+)$")
@@ -301,8 +301,9 @@ def _jit_module(jit: _Reader, entry: Any) -> JitModule:
         raise jit.fail("modules", "must be [[jit.modules]] tables (generator, loaded_when)")
     module = _Reader(jit.path, entry, f"{jit.prefix}modules.")
     generator = module.get("generator", str)
-    if not _GENERATOR_RE.match(generator):
-        raise module.fail("generator", f"'{generator}' is not package.module:gen_function(args)")
+    if not generators.is_flashinfer_call(generator):
+        refused = f"'{generator[:200]}' is not a FlashInfer call ({generators.RULE}): refused"
+        raise module.fail("generator", refused)
     loaded_when = module.get("loaded_when", str)
     if not all(_SETTING_RE.match(part.strip()) for part in loaded_when.split("|")):
         raise module.fail(

@@ -38,6 +38,8 @@ def test_malformed_target_file(builder: Builder) -> None:
         (('arch_list = ["12.0a"]', 'arch_list = ["sm120"]'), "field 'cuda.arch_list' has 'sm120'"),
         (('[image]\nbase = "', '[image]\nbasis = "'), "field 'image.base' is missing"),
         (('series = "sm120"', 'series = "nope"'), "patch series 'nope' does not exist"),
+        (('"flashinfer.jit.comm:gen_trtllm_comm_module"', '"subprocess:getoutput(\'id\')"'),
+         "field 'jit.modules.generator' 'subprocess:getoutput('id')' is not a FlashInfer call"),
     ],
 )  # fmt: skip
 def test_invalid_target_fields_name_the_field(
@@ -206,6 +208,11 @@ def test_patch_that_breaks_python_syntax_never_reaches_the_wheelhouse(builder: B
         ),
         (["image", "--jit-jobs", "-1"], "--jit-jobs -1: must be 0"),
         (["image", "--jit-modules", " ; "], "--jit-modules: empty"),
+        # Run in the kernel-builder container: FlashInfer's own generators, plain arguments.
+        (["image", "--jit-modules", "os:system('id')"],
+         "--jit-modules: 'os:system('id')' is not a FlashInfer call"),
+        (["image", "--jit-modules", "flashinfer.jit.norm:gen_norm_module(open('/x'))"],
+         "is not a FlashInfer call (flashinfer.jit.<module>:gen_<name>(plain arguments))"),
         (
             ["image", "--runtime-requirements", "/nonexistent.txt"],
             "--runtime-requirements /nonexistent.txt: no such file",

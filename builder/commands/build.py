@@ -25,6 +25,7 @@ from builder.commands.publish import (
     publish_wheels,
 )
 from builder.errors import BuilderError, Unreachable
+from builder.kernels import generators
 from builder.lazy import lazy_module
 from builder.settings import resolve_data_dir
 
@@ -134,6 +135,13 @@ def _image_options(args: argparse.Namespace, ctx: pipeline.Context) -> image.Ima
     )
     if not modules:
         raise BuilderError("--jit-modules: empty; name at least one generator")
+    if args.jit_modules is not None:  # the target's own are checked when it is read
+        for module in modules:
+            if not generators.is_flashinfer_call(module):
+                raise BuilderError(
+                    f"--jit-modules: '{module[:200]}' is not a FlashInfer call "
+                    f"({generators.RULE}): refused"
+                )
     options = image.ImageOptions(
         base_image=args.base_image or target.image.base,
         pip_index_url=args.pip_index_url or target.image.pip_index_url,

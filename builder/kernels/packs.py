@@ -7,7 +7,6 @@ shipped on.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import io
 import json
@@ -21,6 +20,7 @@ import docker.errors
 from builder import progress
 from builder.cache import atomic_write_text
 from builder.errors import BuilderError
+from builder.kernels import generators
 
 PACK_SUFFIX = ".kernel-pack.json"
 _OLD_PACK_SUFFIX = ".kernel-pack.tar"  # before harvested .so files were recompiled
@@ -84,48 +84,13 @@ def compiled_in_workspace(workspace: Path) -> list[CompiledModule]:
 JOURNAL = "generators.jsonl"  # images/sm120/jit_journal.py writes it beside cached_ops/
 _JOURNAL_LIMIT = 4 << 20
 _MODULE_NAME = re.compile(r"[A-Za-z0-9_]{1,200}")
-_GENERATOR = re.compile(r"flashinfer\.jit(\.[a-z_][a-z0-9_]*)*:gen_\w+\(.*\)", re.DOTALL)
-_TORCH_NAME = re.compile(r"[a-z][a-z0-9_]*")
-_PLAIN_STRING = re.compile(r"[A-Za-z0-9_.]{0,64}")  # as images/sm120/jit_journal.py notes
-
-
-def _plain_argument(node: ast.expr) -> bool:
-    """A number (signed), bool or None, a short identifier-like string, or torch.<dtype>:
-    what chooses among FlashInfer's own templates, never source text."""
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        node = node.operand
-        return isinstance(node, ast.Constant) and type(node.value) in (int, float)
-    if isinstance(node, ast.Constant):
-        value = node.value
-        if isinstance(value, str):
-            return bool(_PLAIN_STRING.fullmatch(value))
-        return value is None or type(value) in (bool, int, float)
-    return (
-        isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Name)
-        and node.value.id == "torch"
-        and bool(_TORCH_NAME.fullmatch(node.attr))
-    )
 
 
 def check_generator(entry: str, origin: str) -> str:
-    """A harvested generator call, or a one-line refusal: a public `gen_*` function of a
-    `flashinfer.jit` module (none of the `gen_customize_*` ones, which take C++ source),
-    called with plain arguments only. What a server hands back names a call; it never
-    carries code or compiled bytes."""
-    refused = BuilderError(f"{origin}: generator {entry[:200]!r} is not a FlashInfer call: refused")
-    if len(entry) > 2000 or not _GENERATOR.fullmatch(entry) or "customize" in entry.split("(")[0]:
-        raise refused
-    try:
-        call = ast.parse(entry.partition(":")[2], mode="eval").body
-    except SyntaxError:
-        raise refused from None
-    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
-        raise refused
-    if any(keyword.arg is None for keyword in call.keywords):
-        raise refused
-    if not all(_plain_argument(node) for node in [*call.args, *(k.value for k in call.keywords)]):
-        raise refused
+    """A harvested generator call, or a one-line refusal (builder/kernels/generators.py:
+    what a server hands back names a call; it never carries code or compiled bytes)."""
+    if not generators.is_flashinfer_call(entry):
+        raise BuilderError(f"{origin}: generator {entry[:200]!r} is not a FlashInfer call: refused")
     return entry
 
 
