@@ -7,10 +7,12 @@ half-written one.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -150,3 +152,25 @@ def atomic_copy(source: Path, destination: Path) -> None:
 def atomic_write_text(destination: Path, text: str, mode: int = 0o644) -> None:
     with partial_beside(destination, mode) as partial:
         partial.write_text(text)
+
+
+def read_limited(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, at most `limit` of them, for data from elsewhere (kernel entries,
+    packs): a link is not followed, a FIFO or device never read, and a larger file is never
+    read whole. ValueError says why not, in words that follow the file's name."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError("is a symbolic link") from None
+        raise ValueError(f"cannot be read ({exc.strerror})") from None
+    with os.fdopen(descriptor, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("is not a regular file")
+        if info.st_size > limit:
+            raise ValueError(f"is larger than {limit} bytes")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"is larger than {limit} bytes")
+    return data

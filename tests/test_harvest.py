@@ -175,6 +175,53 @@ def test_a_forged_kernel_pack_fails_the_build_and_names_the_pack(
         docker_client.images.get(planned["reference"])
 
 
+def test_a_bad_kernel_pack_is_named_moved_aside_and_fails_no_build(
+    builder: Builder, fork_wheels: Path
+) -> None:
+    """A pack in the cache that is not one (unreadable, renamed, a refused call, a link to
+    an endless file) is one warning line naming it and goes aside as `.rejected`: the plan
+    (and the build) goes on with the good packs, and the next run says nothing of them."""
+    seed_cache(builder, fork_wheels)
+    wheels = json.loads(builder.run("wheels", "--json").stdout)["upstreams"]
+    version = wheels["flashinfer"]["wheel"]["version"]
+    pack_dir = builder.cache_dir / "kernel-packs"
+    good = packs.write_pack(
+        [packs.CompiledModule(version, "120a", "norm", "/unused")], {"norm": NORM_CALL},
+        pack_dir, "t",
+    )  # fmt: skip
+    forged = packs.write_pack(
+        [packs.CompiledModule(version, "120a", "rms", "/unused")],
+        {"rms": "os:system('touch /pwned')"}, pack_dir, "t",
+    )  # fmt: skip
+    renamed = packs.write_pack(
+        [packs.CompiledModule(version, "120a", "silu", "/unused")], {}, pack_dir, "t"
+    ).rename(pack_dir / f"flashinfer-{version}-120a-000000000000.kernel-pack.json")
+    broken = pack_dir / f"flashinfer-{version}-120a-111111111111.kernel-pack.json"
+    broken.write_text('{"schema_version": 2, "modules": ')
+    endless = pack_dir / "endless.kernel-pack.json"
+    endless.symlink_to("/dev/zero")
+    no_daemon = {"DOCKER_HOST": "unix:///nonexistent.sock"}
+
+    result = builder.run("image", "--plan", "--json", env=no_daemon)
+    kernels = json.loads(result.stdout)["kernels"]
+    assert kernels[-1] == {"generator": NORM_CALL, "harvested_from": good.name}
+    assert "pwned" not in result.stdout
+    for bad, why in [
+        (forged, "is not a FlashInfer call: refused"),
+        (renamed, "its name does not match its content"),
+        (broken, "not a kernel pack"),
+        (endless, "is a symbolic link, not a kernel pack"),
+    ]:
+        named = [line for line in result.stderr.splitlines() if str(bad) in line]
+        assert len(named) == 1 and why in named[0], result.stderr
+        assert f"(kernel pack skipped: moved aside to {bad.name}.rejected)" in named[0]
+        assert not os.path.lexists(bad) and os.path.lexists(f"{bad}.rejected")
+    assert good.is_file()
+    again = builder.run("image", "--plan", "--json", env=no_daemon)
+    assert "kernel pack" not in again.stderr
+    assert json.loads(again.stdout)["kernels"] == kernels
+
+
 def _workspace(root: Path, journal: str = "") -> Path:
     """A FlashInfer workspace as a server leaves it (files only: what harvest reads)."""
     arch_root = root / ".cache/flashinfer/0.7.2+sm120.gabc1234/120f"

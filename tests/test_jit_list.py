@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from builder import launch
-from builder.errors import BuilderError
 from builder.kernels import jit_list, packs
 from builder.target import available_targets, load_target
 from tests.conftest import REPO_ROOT
@@ -110,15 +109,22 @@ def test_a_module_no_profile_loads_is_named(tmp_path: Path) -> None:
     ]
 
 
-def test_a_renamed_kernel_pack_is_refused(tmp_path: Path) -> None:
-    """`builder image` keys packs on their names, which stand for their content."""
+def test_a_renamed_kernel_pack_is_refused(tmp_path: Path, capsys) -> None:
+    """`builder image` keys packs on their names, which stand for their content: a renamed
+    one is named and moved aside, never used (and never fails a later build)."""
     module = packs.CompiledModule("0.6.3+sm120.gabc", "120a", "norm", "/unused")
     pack = packs.write_pack([module], {}, tmp_path, "test")
     assert packs.packs_for(tmp_path, "0.6.3+sm120.gabc", ("12.0a",)) == [pack]
     assert packs.packs_for(tmp_path, "0.6.3+sm120.gother", ("12.0a",)) == []
-    pack.rename(tmp_path / "flashinfer-0.6.3+sm120.gabc-120a-000000000000.kernel-pack.json")
-    with pytest.raises(BuilderError, match=r"its name does not match its content"):
-        packs.packs_for(tmp_path, "0.6.3+sm120.gabc", ("12.0a",))
+    renamed = tmp_path / "flashinfer-0.6.3+sm120.gabc-120a-000000000000.kernel-pack.json"
+    pack.rename(renamed)
+    assert packs.packs_for(tmp_path, "0.6.3+sm120.gabc", ("12.0a",)) == []
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"{renamed}: its name does not match its content" in line
+    assert f"moved aside to {renamed.name}.rejected" in line
+    assert not renamed.exists() and (tmp_path / f"{renamed.name}.rejected").is_file()
+    assert packs.packs_for(tmp_path, "0.6.3+sm120.gabc", ("12.0a",)) == []
+    assert capsys.readouterr().err == ""
 
 
 MTP_PROFILES = ("glm5-nvfp4-tp8-mtp", "glm5-nvfp4-tp8-pcie-ar-mtp", "glm52-nvfp4-tp8-mtp")

@@ -245,9 +245,22 @@ def cmd_image(args: argparse.Namespace) -> None:
         return
 
     save_context = Path(args.save_context).resolve() if args.save_context else None
-    result = image.build_image(
-        client, target, forks, wheels, options, image_plan, ctx.cache_dir, save_context
-    )
+    refused: set[str] = set()
+    while True:
+        try:
+            result = image.build_image(
+                client, target, forks, wheels, options, image_plan, ctx.cache_dir, save_context
+            )
+            break
+        except packs.PackRefused as exc:
+            # A harvested call the kernel build refused: moved aside, that pack fails no
+            # later build, and this one goes on without it (gone already: another run's).
+            if exc.pack in refused:
+                raise
+            refused.add(exc.pack)
+            pack = packs.packs_dir(ctx.cache_dir) / exc.pack
+            packs.reject(pack, f"{pack}: {exc.why}")
+            image_plan = image.plan(client, target, forks, wheels, options)
     wheels = {**wheels, "kernels": into_wheelhouse(result.kernel_wheel, wheelhouse_dir(args, ctx))}
     if args.push:
         result.pushed = registry.push(client, result.reference, args.push)

@@ -27,6 +27,7 @@ from builder import progress
 from builder.cache import atomic_copy, atomic_write_text, sha256_file
 from builder.errors import BuilderError
 from builder.kernels import cache as kernel_cache
+from builder.kernels import packs
 from builder.kernels import wheel as kernel_wheel
 from builder.wheels import BuiltWheel
 
@@ -105,6 +106,10 @@ def run_warmup(
             errors = [line for line in recent if "jit-warmup: error" in line]
             tail = "\n".join(f"    {line}" for line in recent[-_TAIL_LINES:])
             first = errors[0].split("error: ", 1)[1] if errors else "see the output below"
+            pack = first.removeprefix("kernel pack ").split(":", 1)[0]
+            if first.startswith("kernel pack ") and pack in _packs_of(job):
+                progress.info(f"  kernel build, last output:\n{tail}")
+                raise packs.PackRefused(pack, first.split(": ", 1)[1])
             raise BuilderError(f"kernel build failed: {first}\n  last output:\n{tail}")
         out = Path(tempfile.mkdtemp(prefix="run-", dir=into))
         chunks, _ = container.get_archive(_OUT)
@@ -113,6 +118,10 @@ def run_warmup(
         return out / Path(_OUT).name
     finally:
         container.remove(force=True)
+
+
+def _packs_of(job: KernelJob) -> set[str]:
+    return {harvested["pack"] for harvested in job.harvested.values()}
 
 
 def _entries_then_ready(entries: Path) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import tarfile
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from pathlib import Path
 import docker.errors
 
 from builder import progress
-from builder.cache import atomic_write_text
+from builder.cache import atomic_write_text, read_limited
 from builder.errors import BuilderError
 from builder.kernels import generators
 
@@ -197,19 +198,57 @@ def packs_dir(cache_dir: Path) -> Path:
     return cache_dir / "kernel-packs"
 
 
+_PACK_LIMIT = 4 << 20  # a pack names modules and calls: a larger file is not one
+REJECTED_SUFFIX = ".rejected"
+
+
+class PackRefused(BuilderError):
+    """The kernel build refused a call the pack file `pack` names (it makes another module
+    than the pack says, cannot be loaded, or fails to compile): `builder image` moves the
+    pack aside (`reject`) and plans the image again without it."""
+
+    def __init__(self, pack: str, why: str) -> None:
+        super().__init__(f"kernel pack {pack}: {why}")
+        self.pack = pack
+        self.why = why
+
+
 def pack_record(path: Path) -> dict:
+    """A pack's JSON record, read only from a regular file of at most _PACK_LIMIT bytes."""
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        data = read_limited(path, _PACK_LIMIT)
+    except ValueError as exc:
+        raise BuilderError(f"{path}: {exc}, not a kernel pack") from None
+    try:
+        record = json.loads(data)
+    except ValueError as exc:
         raise BuilderError(f"{path}: not a kernel pack ({exc})") from None
     if not isinstance(record, dict) or record.get("schema_version") != PACK_SCHEMA:
         raise BuilderError(f"{path}: not a kernel pack of schema {PACK_SCHEMA}")
     return record
 
 
+def reject(path: Path, why: str) -> bool:
+    """Move a bad pack aside (`<name>.rejected`, beside it) with one warning line naming it,
+    so that it fails no later build; False if it was already gone (another run moved it)."""
+    aside = path.with_name(path.name + REJECTED_SUFFIX)
+    try:
+        os.replace(path, aside)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise BuilderError(
+            f"{why}; cannot move the pack aside ({exc.strerror}): remove it"
+        ) from None
+    progress.warn(f"{why} (kernel pack skipped: moved aside to {aside.name})")
+    return True
+
+
 def packs_for(directory: Path, flashinfer_version: str, arch_list: tuple[str, ...]) -> list[Path]:
     """The kernel packs in `directory` made by exactly this flashinfer build, for an arch of
-    the target (FlashInfer names the arch folder `120a` for `12.0a`)."""
+    the target (FlashInfer names the arch folder `120a` for `12.0a`). A pack that is not one
+    (unreadable, renamed, a refused call or module name) is moved aside with one warning line
+    naming it: a bad file in the cache fails no build."""
     arches = {arch.replace(".", "") for arch in arch_list}
     for old in sorted(directory.glob(f"*{_OLD_PACK_SUFFIX}")):
         progress.warn(
@@ -218,12 +257,33 @@ def packs_for(directory: Path, flashinfer_version: str, arch_list: tuple[str, ..
         )
     found = []
     for path in sorted(directory.glob(f"*{PACK_SUFFIX}")):
-        record = pack_record(path)
-        if record.get("flashinfer_version") == flashinfer_version and record.get("arch") in arches:
+        try:
+            record = pack_record(path)
+            if record.get("flashinfer_version") != flashinfer_version:
+                continue
+            if record.get("arch") not in arches:
+                continue
             if not path.name.endswith(f"-{_record_key(record)}{PACK_SUFFIX}"):
                 raise BuilderError(f"{path}: its name does not match its content (edited?)")
-            found.append(path)
+            _pack_modules(path, record)
+        except BuilderError as exc:
+            reject(path, str(exc))
+            continue
+        found.append(path)
     return found
+
+
+def _pack_modules(path: Path, record: dict) -> dict[str, str | None]:
+    """{module name: checked generator call or None}, or a one-line refusal naming the pack."""
+    modules = record.get("modules")
+    if not isinstance(modules, dict):
+        raise BuilderError(f"{path}: not a kernel pack (no modules)")
+    for name, generator in modules.items():
+        if not _MODULE_NAME.fullmatch(str(name)):
+            raise BuilderError(f"{path}: module name {str(name)[:80]!r} refused")
+        if generator is not None:
+            check_generator(str(generator), str(path))
+    return modules
 
 
 def harvested_modules(paths: list[Path]) -> tuple[dict[str, dict[str, str]], list[str]]:
@@ -233,17 +293,13 @@ def harvested_modules(paths: list[Path]) -> tuple[dict[str, dict[str, str]], lis
     calls: dict[str, dict[str, str]] = {}
     problems = []
     for path in paths:
-        modules = pack_record(path).get("modules")
-        if not isinstance(modules, dict):
-            raise BuilderError(f"{path}: not a kernel pack (no modules)")
+        modules = _pack_modules(path, pack_record(path))
         for name, generator in sorted(modules.items()):
-            if not _MODULE_NAME.fullmatch(str(name)):
-                raise BuilderError(f"{path}: module name {str(name)[:80]!r} refused")
             if generator is None:
                 problems.append(
                     f"{path.name}: module {name} was compiled at run time, but no journal "
                     "named its generator call: add it to the target's [[jit.modules]]"
                 )
                 continue
-            calls[check_generator(str(generator), str(path))] = {"name": name, "pack": path.name}
+            calls[str(generator)] = {"name": name, "pack": path.name}
     return calls, problems

@@ -79,9 +79,11 @@ def job_budget(requested: int, job_memory_gb: float) -> tuple[int, str]:
 _PLAIN_STRING = re.compile(r"[A-Za-z0-9_.]{0,64}")  # a harvested call's strings (jit_journal.py)
 
 
-def generator_argument(node: ast.expr, entry: str, plain: bool = False):
+def generator_argument(node: ast.expr, entry: str, pack: str = ""):
     """A literal (a number may be negative), or `torch.<dtype>`: all a FlashInfer generator
-    takes for its module's shape. `plain` (a harvested call): strings are short identifiers."""
+    takes for its module's shape. A harvested call (`pack`: "kernel pack NAME: "): strings
+    are short identifiers, and a refusal names the pack."""
+    plain = bool(pack)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         if isinstance(node.operand, ast.Constant) and type(node.operand.value) in (int, float):
             return -node.operand.value
@@ -95,7 +97,7 @@ def generator_argument(node: ast.expr, entry: str, plain: bool = False):
         value = getattr(torch, node.attr, None)
         if isinstance(value, torch.dtype):
             return value
-    fail(f"module entry '{entry}': arguments must be literals or torch.<dtype>")
+    fail(f"{pack}module entry '{entry}': arguments must be literals or torch.<dtype>")
 
 
 def load_spec(entry: str, harvested: dict | None = None):
@@ -105,12 +107,13 @@ def load_spec(entry: str, harvested: dict | None = None):
     names."""
     module_name, _, call = entry.partition(":")
     plain = harvested is not None
+    pack = f"kernel pack {harvested['pack']}: " if plain else ""  # the host moves it aside
     if plain and not (
         module_name.startswith("flashinfer.jit.")
         and call.strip().startswith("gen_")
         and "customize" not in call.split("(")[0]
     ):
-        fail(f"kernel pack {harvested['pack']}: {entry} is not a FlashInfer generator: refused")
+        fail(f"{pack}{entry} is not a FlashInfer generator: refused")
     try:
         parsed = ast.parse(call.strip(), mode="eval").body
     except SyntaxError:
@@ -118,19 +121,21 @@ def load_spec(entry: str, harvested: dict | None = None):
     if isinstance(parsed, ast.Name):
         parsed = ast.Call(func=parsed, args=[], keywords=[])
     if not module_name or not isinstance(parsed, ast.Call) or not isinstance(parsed.func, ast.Name):
-        fail(f"module entry '{entry}' must look like package.module:gen_function(args)")
+        fail(f"{pack}module entry '{entry}' must look like package.module:gen_function(args)")
     try:
         generator = getattr(importlib.import_module(module_name), parsed.func.id)
     except (ImportError, AttributeError) as exc:
-        fail(f"cannot load generator {entry}: {exc}")
-    args = [generator_argument(node, entry, plain) for node in parsed.args]
-    kwargs = {kw.arg: generator_argument(kw.value, entry, plain) for kw in parsed.keywords}
-    spec = generator(*args, **kwargs)
-    if plain and spec.name != harvested["name"]:
-        fail(
-            f"kernel pack {harvested['pack']}: {entry} makes module {spec.name}, "
-            f"not {harvested['name']}: refused"
-        )
+        fail(f"{pack}cannot load generator {entry}: {exc}")
+    args = [generator_argument(node, entry, pack) for node in parsed.args]
+    kwargs = {kw.arg: generator_argument(kw.value, entry, pack) for kw in parsed.keywords}
+    if not plain:
+        return generator(*args, **kwargs)
+    try:  # a pack's call with arguments this flashinfer's generator does not take
+        spec = generator(*args, **kwargs)
+    except Exception as exc:  # named, with the pack, in one line
+        fail(f"{pack}{entry} failed: {exc.__class__.__name__}: {str(exc)[:200]}")
+    if spec.name != harvested["name"]:
+        fail(f"{pack}{entry} makes module {spec.name}, not {harvested['name']}: refused")
     return spec
 
 
@@ -440,8 +445,9 @@ def decide(spec, lookup: str, entries: Path | None) -> tuple[dict | None, bytes,
     return None, b"", why
 
 
-def compile_all(specs: dict, jobs: int) -> dict[str, float]:
-    """Compile every module in parallel (its own share of the jobs); seconds per module."""
+def compile_all(specs: dict, jobs: int, harvested: dict | None = None) -> dict[str, float]:
+    """Compile every module in parallel (its own share of the jobs); seconds per module. A
+    harvested module that fails names its kernel pack (the host then moves it aside)."""
     seconds: dict[str, float] = {}
     if not specs:
         return seconds
@@ -458,8 +464,10 @@ def compile_all(specs: dict, jobs: int) -> dict[str, float]:
                     pending.cancel()
                 failed, output = builds.failed
                 tail = "\n".join(output.splitlines()[-25:])
+                pack = (harvested or {}).get(failed)
+                named = f"kernel pack {pack['pack']}: " if pack else ""
                 fail(
-                    f"{failed} ({specs[failed].name}) failed to compile; other compiles "
+                    f"{named}{failed} ({specs[failed].name}) failed to compile; other compiles "
                     f"stopped:\n{tail}"
                 )
             print(f"jit-warmup: {name} compiled in {seconds[name]:.1f} s", flush=True)
@@ -596,7 +604,7 @@ def main() -> None:
         flush=True,
     )
     started = time.monotonic()
-    seconds = compile_all(to_compile, jobs)
+    seconds = compile_all(to_compile, jobs, harvested)
 
     inventory = []
     for name, spec in specs.items():
