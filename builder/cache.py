@@ -20,8 +20,9 @@ from pathlib import Path
 
 
 @contextmanager
-def locked(cache_dir: Path) -> Iterator[None]:
-    """Hold the cache lock; say so when another builder run has it."""
+def locked(cache_dir: Path, name: str = "builder.lock") -> Iterator[None]:
+    """Hold the cache lock (or the lock `name` in the cache); say so when another builder
+    run has it."""
     # Imported here: a no-op `builder image` replayed from its record (builder/noop.py)
     # writes through this module and must not pay for them.
     from filelock import FileLock, Timeout
@@ -29,7 +30,7 @@ def locked(cache_dir: Path) -> Iterator[None]:
     from builder import progress
 
     cache_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(cache_dir / "builder.lock")
+    lock = FileLock(cache_dir / name)
     try:
         lock.acquire(timeout=0)
     except Timeout:
@@ -164,12 +165,14 @@ def read_limited(path: Path, limit: int) -> bytes:
         if exc.errno == errno.ELOOP:
             raise ValueError("is a symbolic link") from None
         raise ValueError(f"cannot be read ({exc.strerror})") from None
+    info = os.fstat(descriptor)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+        os.close(descriptor)
+        raise ValueError(
+            "is not a regular file" if not stat.S_ISREG(info.st_mode)
+            else f"is larger than {limit} bytes"
+        )  # fmt: skip
     with os.fdopen(descriptor, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError("is not a regular file")
-        if info.st_size > limit:
-            raise ValueError(f"is larger than {limit} bytes")
         data = handle.read(limit + 1)
     if len(data) > limit:
         raise ValueError(f"is larger than {limit} bytes")

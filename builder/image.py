@@ -25,19 +25,24 @@ from packaging.utils import canonicalize_name
 from rich.markup import escape
 
 from builder import __version__, docker_client, launch, lock, progress, recipe, sbom
-from builder.cache import atomic_write_text, content_key, sha256_file
+from builder.cache import atomic_write_text, content_key, locked, sha256_file
 from builder.cuda import sm_name
 from builder.errors import BuilderError
 from builder.identity import code_key
 from builder.kernels import build as kernel_build
 from builder.kernels import cache as kernel_cache
 from builder.kernels import packs
+from builder.kernels import trust as kernel_trust
 from builder.lock import Lock
 from builder.patches import ForkResult
 from builder.recipe import LABEL_PREFIX
 from builder.target import Target
 from builder.urls import redact
 from builder.wheels import BuiltWheel, wheel_metadata
+
+# The kernel stage's own lock (the cache lock is not held through an image build): kernel
+# entries, their signatures and the kernel wheel of a stage key, one run at a time.
+KERNEL_LOCK = "kernels.lock"
 
 INVENTORY_PATH = "/opt/builder/jit-inventory.json"
 STAGES = ("runtime", "flashinfer", "server")
@@ -506,19 +511,25 @@ def _kernel_wheel(
     cache_dir: Path,
 ) -> tuple[BuiltWheel, dict | None]:
     """The kernel wheel for this flashinfer stage: from the cache, or reuse-or-compile in
-    the kernel-builder stage (which the image build then takes from the layer cache)."""
+    the kernel-builder stage (which the image build then takes from the layer cache). Under
+    the kernel lock: a second run at once waits, then takes the first one's wheel."""
     stage_key = image_plan.stage_keys["flashinfer"]
-    cached = kernel_build.cached_wheel(cache_dir, stage_key)
-    if cached:
-        progress.info(f"[green]✓[/] kernels: {cached.filename} (cached for this flashinfer stage)")
-        return cached, None
-    job = _kernel_job(client, target, options, image_plan, context)
-    shared = kernel_cache.SharedKernels(client, options.kernel_registry)
-    with tempfile.TemporaryDirectory(prefix="builder-kernel-wheel-") as tmp:
-        wheel, record = kernel_build.build(
-            client, job, cache_dir, shared, wheels["flashinfer"], target.name, Path(tmp)
-        )
-        return kernel_build.remember_wheel(cache_dir, stage_key, wheel), record
+    with locked(cache_dir, KERNEL_LOCK):
+        trust = kernel_trust.load()
+        cached = kernel_build.cached_wheel(cache_dir, stage_key, trust)
+        if cached:
+            progress.info(
+                f"[green]✓[/] kernels: {cached.filename} (cached for this flashinfer stage)"
+            )
+            return cached, None
+        job = _kernel_job(client, target, options, image_plan, context)
+        shared = kernel_cache.SharedKernels(client, options.kernel_registry, trust)
+        with tempfile.TemporaryDirectory(prefix="builder-kernel-wheel-") as tmp:
+            wheel, record, signers = kernel_build.build(
+                client, job, cache_dir, shared, trust, wheels["flashinfer"], target.name, Path(tmp)
+            )
+            kept = kernel_build.remember_wheel(cache_dir, stage_key, wheel, signers, trust)
+        return kept, record
 
 
 def _kernel_job(
@@ -595,9 +606,10 @@ def kernel_plan(
     with tempfile.TemporaryDirectory(prefix="builder-context-") as tmp:
         _make_context(target, wheels, image_plan, Path(tmp))
         job = _kernel_job(client, target, options, image_plan, Path(tmp))
-    return kernel_build.plan(
-        client, job, cache_dir, kernel_cache.SharedKernels(client, options.kernel_registry)
-    )
+    with locked(cache_dir, KERNEL_LOCK):  # registry entries it pulls are kept
+        trust = kernel_trust.load()
+        shared = kernel_cache.SharedKernels(client, options.kernel_registry, trust)
+        return kernel_build.plan(client, job, cache_dir, shared, trust)
 
 
 def _same_kernels(

@@ -5,12 +5,13 @@ A full no-op run imports the Docker SDK, pygit2 and the pipeline and recomputes 
 depended on: the command line and the environment it reads, the size, time and inode of
 every file of the data folder, of builder's own code and checkout, of the cache folders a
 build reads (wheels, kernel wheels, kernel packs, the image's files), of the files the
-command line names and of the wheels it left in the wheelhouse, and the image and base
-image ids. The next run with the same command line (`replay`, before anything heavy is
-imported) stats those files, asks the daemon for the two ids over its socket, and when all
-match writes a new manifest from the recorded one, as the full run would. Anything else,
-an unreadable record included, takes the full path, which records again. Pushing,
-publishing, --plan and --save-context are never replayed.
+command line names, of the kernel keys (the trusted keys file, this host's key) and of the
+wheels it left in the wheelhouse, and the image and base image ids. The next run with the
+same command line (`replay`, before anything heavy is imported) stats those files, asks the
+daemon for the two ids over its socket, and when all match writes a new manifest from the
+recorded one, as the full run would. Anything else, an unreadable record included, takes
+the full path, which records again. Pushing, publishing, --plan and --save-context are
+never replayed.
 
 Only the standard library here: this runs before builder's heavier imports.
 """
@@ -50,7 +51,10 @@ _PLACEHOLDER = "<manifest written by this run>"
 
 
 _SECRET = ("PASSWORD", "TOKEN", "SECRET", "AUTH", "CREDENTIAL")
-_READ_ALSO = ("SOURCE_DATE_EPOCH", "HOME", "PYTHONPATH", "XDG_CACHE_HOME", "XDG_CONFIG_HOME")
+_READ_ALSO = (
+    "SOURCE_DATE_EPOCH", "HOME", "PYTHONPATH", "XDG_CACHE_HOME", "XDG_CONFIG_HOME",
+    "XDG_STATE_HOME",
+)  # fmt: skip
 
 
 def _environment() -> dict[str, str]:
@@ -308,13 +312,18 @@ def watch(argv: list[str], data_dir: Path, as_json: bool) -> Inputs | None:
     import sysconfig
 
     from builder.identity import PACKAGE
-    from builder.settings import config_file
+    from builder.settings import config_file, kernel_host_key
 
     taken_ns = time.time_ns()
     try:
         trees = [str(data_dir / "images"), str(data_dir / "forks"), str(PACKAGE)]
         # The environment's own packages folder: installing or removing one changes it.
         files = [*_checkout_files(PACKAGE), str(config_file()), sysconfig.get_paths()["purelib"]]
+        # The keys a kernel is trusted by: a key removed from the file is a full run (whose
+        # kernel step refuses what that key signed), not a replay.
+        files.append(str(kernel_host_key()))
+        if trusted := os.environ.get("BUILDER_KERNEL_TRUSTED_KEYS"):
+            files.append(str(Path(trusted).expanduser()))
     except Exception:  # an unreadable checkout: this build is simply not recorded
         return None
     for argument in arguments:  # FILE, and --option=FILE

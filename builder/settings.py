@@ -29,6 +29,12 @@ def config_file() -> Path:
     return Path(platformdirs.user_config_dir("builder")) / "config.toml"
 
 
+def kernel_host_key() -> Path:
+    """This host's own kernel key (builder/kernels/trust.py): in the user state folder, never
+    in the cache, so that a cache restored from elsewhere does not bring it."""
+    return Path(platformdirs.user_state_dir("builder")) / "kernel-host.key"
+
+
 def _user_config() -> dict:
     path = config_file()
     return load_toml(path) if path.is_file() else {}

@@ -90,6 +90,9 @@ def pytest_configure(config: pytest.Config) -> None:
     shared = config._tmp_path_factory.getbasetemp() / "shared"  # the workers' basetemp's parent
     shared.mkdir()
     os.environ[SHARED_DIR_ENV] = str(shared)
+    # The run is one build host: its kernel host key (builder/kernels/trust.py) is the run's,
+    # never the user's own.
+    os.environ["XDG_STATE_HOME"] = str(shared / "state")
     config.stash[_SHARED_KEY] = shared
 
 

@@ -223,3 +223,20 @@ def test_a_build_that_pushed_is_never_recorded(tmp_path: Path) -> None:
         lines=[f"manifest {manifest}"], written=manifest,
     )  # fmt: skip
     assert not (tmp_path / "cache" / noop.RECORDS).exists()
+
+
+def test_a_key_removed_from_the_trusted_keys_file_is_a_full_run(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The kernels an image holds were trusted by the keys of its build: the trusted keys
+    file (and this host's key) are watched like the data, so a key removed in place sends
+    the next run the full way, whose kernel step refuses what that key signed."""
+    keys = tmp_path / "trusted.pub"
+    keys.write_text("old-key\nnew-key\n")
+    monkeypatch.setenv("BUILDER_KERNEL_TRUSTED_KEYS", str(keys))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    inputs = _inputs(tmp_path / "data")
+    assert str(keys) in inputs.files
+    assert str(tmp_path / "state/builder/kernel-host.key") in inputs.files
+    keys.write_text("new-key\n")
+    assert noop._snapshot(inputs.trees, inputs.files) != inputs.snapshot

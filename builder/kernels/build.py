@@ -12,8 +12,11 @@ the kernel wheel, which the image installs.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import os
+import shutil
 import tarfile
 import tempfile
 import time
@@ -24,10 +27,11 @@ from pathlib import Path
 import docker
 
 from builder import progress
-from builder.cache import atomic_copy, atomic_write_text, sha256_file
+from builder.cache import read_limited, sha256_file, staging_dir
 from builder.errors import BuilderError
 from builder.kernels import cache as kernel_cache
 from builder.kernels import packs
+from builder.kernels import trust as kernel_trust
 from builder.kernels import wheel as kernel_wheel
 from builder.wheels import BuiltWheel
 
@@ -135,7 +139,11 @@ def _entries_then_ready(entries: Path) -> bytes:
 
 
 def plan(
-    client: docker.DockerClient, job: KernelJob, cache_dir: Path, shared: kernel_cache.SharedKernels
+    client: docker.DockerClient,
+    job: KernelJob,
+    cache_dir: Path,
+    shared: kernel_cache.SharedKernels,
+    trust: kernel_trust.Trust,
 ) -> list[dict]:
     """Per module: its lookup key, where its entry is, and reuse or compile with why."""
     where: dict[str, str] = {}
@@ -143,7 +151,8 @@ def plan(
         work = Path(tmp)
 
         def bring(lookups: list[str]) -> Path:
-            where.update(kernel_cache.gather(lookups, cache_dir, shared, work / "entries"))
+            found, _ = kernel_cache.gather(lookups, cache_dir, shared, trust, work / "entries")
+            where.update(found)
             return work / "entries"
 
         decided = run_warmup(client, job, ["--plan"], {}, work, bring)
@@ -158,19 +167,24 @@ def build(
     job: KernelJob,
     cache_dir: Path,
     shared: kernel_cache.SharedKernels,
+    trust: kernel_trust.Trust,
     flashinfer: BuiltWheel,
     target_name: str,
     wheel_dir: Path,
-) -> tuple[BuiltWheel, dict]:
+) -> tuple[BuiltWheel, dict, list[str]]:
     """Reuse or compile every module, keep the new entries, and make the kernel wheel;
-    (wheel, this run's record: per module its source, reason and compile seconds)."""
+    (wheel, this run's record: per module its source, reason and compile seconds, the
+    signers of the entries it could hold: the wheel is used only while all are trusted)."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="builder-kernels-") as tmp:
         work = Path(tmp)
         where: dict[str, str] = {}
+        signers: dict[str, str] = {}
 
         def bring(lookups: list[str]) -> Path:
-            where.update(kernel_cache.gather(lookups, cache_dir, shared, work / "entries"))
+            found, signed = kernel_cache.gather(lookups, cache_dir, shared, trust, work / "entries")
+            where.update(found)
+            signers.update(signed)
             found = sum(1 for source in where.values() if source != "none")
             progress.info(
                 f"kernels: {found} of {len(lookups)} modules have an entry "
@@ -183,7 +197,7 @@ def build(
         out = run_warmup(client, job, [*harvested, "--out", _OUT], {}, work, bring)
         inventory = json.loads((out / "inventory.json").read_text())
         new_entries = sorted((out / "entries").glob(f"*{kernel_cache.ENTRY_SUFFIX}"))
-        kernel_cache.keep(new_entries, cache_dir, shared)
+        signers.update(kernel_cache.keep(new_entries, cache_dir, shared, trust))
         wheel = kernel_wheel.build_kernel_wheel(
             out / "modules", inventory, flashinfer, target_name, wheel_dir
         )
@@ -201,26 +215,59 @@ def build(
             {field: module.get(field) for field in _RUN_FIELDS} for module in inventory["modules"]
         ],
     }
-    return wheel, record
+    return wheel, record, sorted(set(signers.values()))
 
 
-def cached_wheel(cache_dir: Path, stage_key: str) -> BuiltWheel | None:
-    """The kernel wheel made for this flashinfer stage key earlier, if still in the cache."""
+_WHEEL_RECORD = "wheel.json"
+_WHEEL_FIELDS = {field.name for field in dataclasses.fields(BuiltWheel)} - {"path", "cached"}
+
+
+def cached_wheel(cache_dir: Path, stage_key: str, trust: kernel_trust.Trust) -> BuiltWheel | None:
+    """The kernel wheel made for this flashinfer stage key earlier, if still in the cache and
+    still trusted: its record signed by this host's key (a cache restored from elsewhere
+    does not bring it), and every key that signed an entry it could hold trusted today. One
+    warning line when it is there but not used; the kernels are then made again."""
     folder = _wheel_folder(cache_dir, stage_key)
-    found = sorted(folder.glob("*.whl")) if folder.is_dir() else []
-    if len(found) != 1 or not (folder / "wheel.json").is_file():
+    meta = folder / _WHEEL_RECORD
+    if not os.path.lexists(meta):
         return None
-    record = json.loads((folder / "wheel.json").read_text())
-    if sha256_file(found[0]) != record["sha256"]:
+    try:
+        body = read_limited(meta, 1 << 20)
+        record = json.loads(body)
+        fields = {name: record[name] for name in _WHEEL_FIELDS}
+        signers = [str(signer) for signer in record["signers"]]
+        path = folder / Path(str(record["filename"])).name
+    except (ValueError, KeyError, TypeError) as exc:
+        progress.warn(f"cached kernel wheel {meta} is unreadable ({exc}): made again")
+        return None
+    why = trust.check(body, kernel_trust.read_signature(meta), host_only=True)
+    untrusted = [signer for signer in signers if not trust.still_trusted(signer)]
+    if not why and untrusted:
+        why = f"holds kernels signed by a key ({untrusted[0][:12]}…) not trusted now"
+    if why:
+        progress.warn(f"cached kernel wheel {meta} {why}: made again")
+        return None
+    if path.is_symlink() or not path.is_file() or sha256_file(path) != record["sha256"]:
         return None  # damaged: made again
-    return BuiltWheel(**{**record, "path": found[0], "cached": True})
+    return BuiltWheel(**{**fields, "path": path, "cached": True})
 
 
-def remember_wheel(cache_dir: Path, stage_key: str, wheel: BuiltWheel) -> BuiltWheel:
+def remember_wheel(
+    cache_dir: Path,
+    stage_key: str,
+    wheel: BuiltWheel,
+    signers: list[str],
+    trust: kernel_trust.Trust,
+) -> BuiltWheel:
+    """Keep the wheel for its flashinfer stage key: the folder is made whole beside the old
+    one and renamed over it, so it holds one wheel and its record, whatever ran before."""
     folder = _wheel_folder(cache_dir, stage_key)
-    atomic_copy(wheel.path, folder / wheel.filename)
-    record = {k: v for k, v in wheel.to_json().items() if k not in ("path", "cached")}
-    atomic_write_text(folder / "wheel.json", json.dumps(record, indent=2) + "\n")
+    record = {k: v for k, v in wheel.to_json().items() if k in _WHEEL_FIELDS}
+    body = json.dumps({**record, "signers": signers}, indent=2, sort_keys=True) + "\n"
+    with staging_dir(folder) as staging:
+        shutil.copyfile(wheel.path, staging / wheel.filename)
+        (staging / _WHEEL_RECORD).write_text(body)
+        kernel_trust.write_signature(staging / _WHEEL_RECORD, trust.sign_as_host(body.encode()))
     return BuiltWheel(**{**record, "path": folder / wheel.filename, "cached": False})
 
 

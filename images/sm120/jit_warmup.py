@@ -298,6 +298,7 @@ def age_build_inputs() -> None:
 
 ENTRY_SUFFIX = ".kernel.tar"
 ENTRY_SCHEMA = 1
+_ENTRY_LIMIT = 1 << 30  # as builder/kernels/cache.py's ENTRY_LIMIT
 
 
 _WORKSPACE = "<flashinfer-workspace>"
@@ -364,13 +365,24 @@ def read_entry(
     An entry is data from a shared cache: it must be for the lookup key being served and
     record, among its inputs, every source this build compiles (an entry that lists no
     input would be "unchanged" for any build)."""
+    if path.is_symlink() or not path.is_file():
+        return None, b"", f"entry {path.name} is not a regular file"
     try:
         with tarfile.open(path) as tar:
-            record = json.load(tar.extractfile("entry.json"))
-            library = tar.extractfile(f"{name}.so").read()
+            members = [tar.getmember("entry.json"), tar.getmember(f"{name}.so")]
+            if not all(m.isfile() and m.size <= _ENTRY_LIMIT for m in members):
+                return None, b"", f"entry {path.name} holds a link, a folder or a file too large"
+            record = json.load(tar.extractfile(members[0]))
+            library = tar.extractfile(members[1]).read()
     except (OSError, tarfile.TarError, KeyError, ValueError, AttributeError) as exc:
         return None, b"", f"entry {path.name} unreadable ({exc.__class__.__name__})"
-    if record.get("schema_version") != ENTRY_SCHEMA or record.get("name") != name:
+    shaped = (
+        isinstance(record, dict)
+        and isinstance(record.get("lookup"), str)
+        and isinstance(record.get("inputs"), dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in record["inputs"].items())
+    )
+    if not shaped or record.get("schema_version") != ENTRY_SCHEMA or record.get("name") != name:
         return None, b"", f"entry {path.name} is not an entry for {name}"
     if hashlib.sha256(library).hexdigest() != record.get("sha256"):
         return None, b"", f"entry {path.name}: {name}.so does not match its sha256"
