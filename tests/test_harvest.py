@@ -18,7 +18,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from docker.errors import ImageNotFound
 
 from builder.kernels import packs
 from tests.conftest import REPO_ROOT, Builder, Upstreams, builder_in, seed_cache
@@ -139,40 +138,35 @@ def test_a_module_compiled_at_start_is_reported_harvested_and_compiled_into_the_
             docker_client.containers.get(name).remove(force=True)
 
 
-def test_a_forged_kernel_pack_fails_the_build_and_names_the_pack(
+def test_a_pack_whose_call_the_kernel_build_refuses_is_moved_aside_and_the_build_goes_on(
     tmp_path: Path, github: Upstreams, docker_host, docker_client, test_base, runtime_index,
     built_image,
 ) -> None:  # fmt: skip
     """Whoever writes a pack can give it a matching name: what it asks for is checked. A
-    call that is not a FlashInfer generator is refused before anything runs; a FlashInfer
-    call that makes another module than the pack names is refused by the kernel build."""
+    FlashInfer call that makes another module than the pack names is refused by the kernel
+    build (a call that is not a FlashInfer generator never gets there: see the test below);
+    the pack is named and moved aside, and this build goes on without it: the test image,
+    whose kernels this host already has (its cache seeded with them)."""
     builder = builder_in(tmp_path, github, docker_host)
-    seed_cache(builder, built_image[0].cache_dir)
+    seed_cache(builder, built_image[0].cache_dir, ("mirrors", "wheels", "kernels", "kernel-wheels"))
     wheels = json.loads(builder.run("wheels", "--json").stdout)["upstreams"]
     version = wheels["flashinfer"]["wheel"]["version"]
     pack_dir = builder.cache_dir / "kernel-packs"
     module = packs.CompiledModule(version, "120a", "norm", "/unused")
-
-    forged = packs.write_pack([module], {"norm": "os:system('touch /pwned')"}, pack_dir, "t")
-    result = builder.run(*image_args(test_base, runtime_index, "--plan"), check=False)
-    assert result.returncode == 1
-    assert f"{forged}: generator \"os:system('touch /pwned')\" is not a FlashInfer call" in (
-        result.stderr
-    )
-    forged.unlink()
-
     wrong = "flashinfer.jit.activation:gen_act_and_mul_module(act_func_name='gelu')"
     forged = packs.write_pack([module], {"norm": wrong}, pack_dir, "t")
-    planned = json.loads(
-        builder.run(*image_args(test_base, runtime_index, "--plan", "--json")).stdout
-    )
-    result = builder.run(*image_args(test_base, runtime_index), check=False)
-    assert result.returncode == 1
-    assert f"kernel pack {forged.name}: {wrong} makes module gelu_and_mul, not norm" in (
-        result.stderr
-    )
-    with pytest.raises(ImageNotFound):
-        docker_client.images.get(planned["reference"])
+
+    result = builder.run(*image_args(test_base, runtime_index, "--json"))
+    named = [line for line in result.stderr.splitlines() if forged.name in line]
+    assert len(named) == 1, result.stderr
+    assert f"{forged}: {wrong} makes module gelu_and_mul, not norm: refused" in named[0]
+    assert f"(kernel pack skipped: moved aside to {forged.name}.rejected)" in named[0]
+    assert not forged.exists() and (pack_dir / f"{forged.name}.rejected").is_file()
+    image = json.loads(result.stdout)["image"]
+    assert image["reference"] == built_image[1]["reference"], "the image without the pack"
+    assert wrong not in json.dumps(image["jit_inventory"])
+    again = builder.run(*image_args(test_base, runtime_index))
+    assert "kernel pack" not in again.stderr
 
 
 def test_a_bad_kernel_pack_is_named_moved_aside_and_fails_no_build(

@@ -217,15 +217,15 @@ def test_a_comm_only_change_recompiles_only_the_comm_module(
     builder, first, _, _ = host_a
     patch = comm_only_patch(github, builder.data_dir)
     try:
-        planned = json.loads(builder.run(*kernel_args(test_base, runtime_index, "--plan")).stdout)[
-            "kernels"
-        ]
+        # The site's keys, as host A's build had: its entries are signed by the site's key.
+        plan = builder.run(*kernel_args(test_base, runtime_index, "--plan"), env=KERNEL_TRUST_ENV)
+        planned = json.loads(plan.stdout)["kernels"]
         decisions = {m["name"]: m["reason"] for m in planned}
         assert decisions["gelu_tanh_and_mul"].startswith("reuse:")
         assert decisions["vllm_comm"].startswith("compile: 1 input(s) changed")
         assert COMM_HEADER.rsplit("/", 1)[1] in decisions["vllm_comm"]
 
-        result = builder.run(*kernel_args(test_base, runtime_index))
+        result = builder.run(*kernel_args(test_base, runtime_index), env=KERNEL_TRUST_ENV)
         rebuilt = json.loads(result.stdout)["image"]
         modules, before = this_run({"image": rebuilt}), this_run(first)
         assert modules["gelu_tanh_and_mul"]["source"] == "reused"
@@ -248,6 +248,8 @@ def entry_of(builder: Builder, module: dict) -> Path:
 
 
 def test_a_tampered_entry_is_refused_and_compiled_again(host_a, test_base, runtime_index) -> None:
+    """Its signature, kept beside it, no longer verifies: builder refuses it before the kernel
+    build sees it (one line naming it), the module compiles, the other is reused."""
     builder, first, _, _ = host_a
     entry = entry_of(builder, this_run(first)["vllm_comm"])
     with tarfile.open(entry) as tar:
@@ -262,12 +264,16 @@ def test_a_tampered_entry_is_refused_and_compiled_again(host_a, test_base, runti
             tar.addfile(member, io.BytesIO(body))
     forget_kernel_wheels(builder)
 
-    result = builder.run(*kernel_args(test_base, runtime_index))
+    result = builder.run(*kernel_args(test_base, runtime_index), env=KERNEL_TRUST_ENV)
     image = json.loads(result.stdout)["image"]
     modules = this_run({"image": image})
-    refused = [line for line in result.stderr.splitlines() if "does not match its sha256" in line]
+    refused = [line for line in result.stderr.splitlines() if "kernel entry" in line]
     assert len(refused) == 1, result.stderr
-    assert "vllm_comm.so does not match its sha256; compiling vllm_comm again" in refused[0]
+    assert (
+        f"kernel entry {entry} does not match its signature (changed since it was signed)"
+        in (refused[0])
+    )
+    assert "not used, its module compiles here" in refused[0]
     assert modules["vllm_comm"]["source"] == "compiled"
     rebuilt = by_name(image["jit_inventory"])["vllm_comm"]["sha256"]
     assert rebuilt != hashlib.sha256(bytes(tampered)).hexdigest(), "the tampered .so never ships"
@@ -312,7 +318,9 @@ def test_a_forged_registry_entry_is_not_used_and_the_module_compiles(
     for key, value in {**REGISTRY_ENV, kernel_trust.SIGNING_KEY_ENV: str(attacker_key),
                        kernel_trust.TRUSTED_KEYS_ENV: str(attacker_public)}.items():  # fmt: skip
         monkeypatch.setenv(key, value)
-    kernel_cache.SharedKernels(docker_client, shared).store(entry)
+    kernel_cache.SharedKernels(docker_client, shared, kernel_trust.load()).store(
+        entry, entry.read_bytes()
+    )
     monkeypatch.undo()  # the builder runs below see only the environment each one is given
 
     builder = host(tmp_path / "host-c", github, docker_host, seed=built_image[0])
@@ -429,3 +437,30 @@ def test_no_secret_of_these_runs_is_in_any_output_or_file(host_a, docker_client)
                     assert secret not in data, f"{secret[:4]!r}... in {path}"
     inspected = json.dumps(docker_client.images.get(result["image"]["reference"]).attrs)
     assert REGISTRY_PASSWORD not in inspected
+
+
+def test_kernels_signed_by_a_key_since_removed_are_not_used(
+    host_a, tmp_path, test_base, runtime_index
+) -> None:
+    """The site rotates its key: the old one leaves the trusted file. What it signed, in this
+    host's cache (the entries, and the kernel wheel made of them), is not used any more:
+    one line each, and every module compiles again, signed by the new key."""
+    builder = host_a[0]
+    new_key, new_public = kernel_trust.generate(tmp_path / "rotated")
+    rotated = {
+        kernel_trust.SIGNING_KEY_ENV: str(new_key),
+        kernel_trust.TRUSTED_KEYS_ENV: str(new_public),
+    }
+    result = builder.run(*kernel_args(test_base, runtime_index), env=rotated)
+    modules = this_run(json.loads(result.stdout))
+    wheel = [line for line in result.stderr.splitlines() if "cached kernel wheel" in line]
+    assert len(wheel) == 1 and "holds kernels signed by a key (" in wheel[0], result.stderr
+    assert wheel[0].endswith("not trusted now: made again")
+    entries = [line for line in result.stderr.splitlines() if "kernel entry" in line]
+    assert len(entries) == 1 and "is signed by a key (" in entries[0], result.stderr
+    assert "not trusted now: not used, its module compiles here (and " in entries[0]
+    assert {m["source"] for m in modules.values()} == {"compiled"}
+    new = new_public.read_text().split()[0]
+    for module in modules.values():
+        signature = Path(f"{entry_of(builder, module)}.sig").read_text()
+        assert json.loads(signature)["signer"] == new
