@@ -112,7 +112,8 @@ def run_warmup(
             first = errors[0].split("error: ", 1)[1] if errors else "see the output below"
             pack = first.removeprefix("kernel pack ").split(":", 1)[0]
             if first.startswith("kernel pack ") and pack in _packs_of(job):
-                progress.info(f"  kernel build, last output:\n{tail}")
+                if "failed to compile" in first:  # the compiler's words (the rest: shown)
+                    progress.info(f"  kernel build, last output:\n{tail}")
                 raise packs.PackRefused(pack, first.split(": ", 1)[1])
             raise BuilderError(f"kernel build failed: {first}\n  last output:\n{tail}")
         out = Path(tempfile.mkdtemp(prefix="run-", dir=into))
