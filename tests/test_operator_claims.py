@@ -63,3 +63,44 @@ def test_qualify_without_image_or_profile_is_partial_not_qualified(
     short = cli("qualify", server.url, *QUICK, "--out", str(out), "--no-throughput")
     assert short.returncode == 8
     assert "throughput (--no-throughput)" in short.stdout
+
+
+def _fake_nvidia_smi(folder: Path) -> str:
+    """nvidia-smi answering as the captured 8x RTX PRO 6000 host (tests/data/nvidia-smi)."""
+    data = REPO_ROOT / "tests" / "data" / "nvidia-smi"
+    folder.mkdir()
+    script = folder / "nvidia-smi"
+    script.write_text(
+        '#!/bin/sh\ncase "$*" in\n'
+        f"  *--query-gpu*) cat {data / 'rtx-pro-6000-x8.query.csv'} ;;\n"
+        f"  'topo -m') cat {data / 'rtx-pro-6000-x8.topo.txt'} ;;\n"
+        "  *) exit 1 ;;\nesac\n"
+    )
+    script.chmod(0o755)
+    return f"{folder}:{os.environ['PATH']}"
+
+
+def test_doctor_without_daemon_or_registry_checks_the_rest_and_says_what_it_could_not(
+    tmp_path: Path,
+) -> None:
+    """No Docker daemon, a registry that refuses: the GPUs, topology and /dev/shm are still
+    checked, every other check is SKIP with why, a verdict line ends it, and exit 9."""
+    path = _fake_nvidia_smi(tmp_path / "bin")
+    result = cli("doctor", "--image", "127.0.0.1:9/ml/sglang-sm120:x", PATH=path)
+    lines = result.stdout.splitlines()
+    status = {line[5:].split(":", 1)[0]: line[:4].strip() for line in lines if line[:4] in (
+        "ok  ", "FAIL", "SKIP")}  # fmt: skip
+    assert status["image recipe"] == "SKIP" and status["gpus"] == "ok"
+    assert status["topology"] == "ok" and "shm" in status
+    for check in ("gpu count", "driver", "container runtime", "image"):
+        assert status[check] == "SKIP", result.stdout
+    assert "Connection refused" in result.stdout and "no socket at" in result.stdout
+    assert lines[-1].startswith("verdict: ")
+    shm_ok = status["shm"] == "ok"
+    assert result.returncode == (9 if shm_ok else 1), result.stdout + result.stderr
+    if shm_ok:
+        assert lines[-1].startswith("verdict: unknown (3 ok, 0 failed, 7 not checked)")
+    as_json = cli("doctor", "--image", "127.0.0.1:9/ml/sglang-sm120:x", "--json", PATH=path)
+    answer = json.loads(as_json.stdout)
+    assert answer["ok"] is False and answer["verdict"] == lines[-1]
+    assert {f["check"]: f["status"] for f in answer["findings"]} == status
