@@ -104,3 +104,17 @@ def test_doctor_without_daemon_or_registry_checks_the_rest_and_says_what_it_coul
     answer = json.loads(as_json.stdout)
     assert answer["ok"] is False and answer["verdict"] == lines[-1]
     assert {f["check"]: f["status"] for f in answer["findings"]} == status
+
+
+def test_image_plan_says_first_that_it_builds_the_wheels(tmp_path: Path) -> None:
+    """--plan builds no image, but the tag hashes the wheels: it says so before fetching."""
+    refused = "http://127.0.0.1:9"
+    result = cli(
+        "image", "--plan", "--target", "sm120", "--data-dir", str(REPO_ROOT),
+        "--cache-dir", str(tmp_path / "cache"), "--mirror", f"https://github.com/={refused}/",
+        "--mirror", f"https://pypi.org/simple={refused}/simple",
+    )  # fmt: skip
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("plan: builds no image and compiles no kernel, but fetches the "
+                            "upstreams and builds the patched wheels"), result.stderr  # fmt: skip
+    assert result.returncode == 9, result.stderr  # the index did not answer: nothing was built
