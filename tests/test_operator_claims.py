@@ -118,3 +118,135 @@ def test_image_plan_says_first_that_it_builds_the_wheels(tmp_path: Path) -> None
     assert first.startswith("plan: builds no image and compiles no kernel, but fetches the "
                             "upstreams and builds the patched wheels"), result.stderr  # fmt: skip
     assert result.returncode == 9, result.stderr  # the index did not answer: nothing was built
+
+
+# --- the docs teach only what works -------------------------------------------------------
+
+
+def _joined(lines: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(where, line) with `\\` continuations joined, only lines that run builder."""
+    found, pending = [], None
+    for where, line in lines:
+        text = line.strip()
+        if pending is None:
+            text = text.removeprefix("scripts/setup && ").removeprefix("sudo ")
+            text = text.removeprefix(".venv/bin/")
+            if not text.startswith("builder "):
+                continue
+            pending = (where, text)
+        else:
+            pending = (pending[0], f"{pending[1]} {text}")
+        if pending[1].endswith("\\"):
+            pending = (pending[0], pending[1][:-1])
+            continue
+        found.append(pending)
+        pending = None
+    return found
+
+
+def readme_examples() -> list[tuple[str, str]]:
+    """Every `builder ...` line of README.md's code blocks (indented or fenced)."""
+    lines, fenced = [], False
+    for number, line in enumerate((REPO_ROOT / "README.md").read_text().splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or line.startswith("    "):
+            lines.append((f"README.md:{number}", line))
+    return _joined(lines)
+
+
+def help_examples() -> list[tuple[str, str]]:
+    """Every `builder ...` line of each command's --help `examples:` section."""
+    import argparse
+
+    from builder.cli import build_parser
+
+    found = []
+
+    def walk(parser: argparse.ArgumentParser, name: str) -> None:
+        text = (parser.description or "") + "\n" + (parser.epilog or "")
+        if "examples:" in text:
+            section = text.split("examples:", 1)[1].splitlines()
+            found.extend(_joined([(f"builder {name} --help", line) for line in section]))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child_name, child in action.choices.items():
+                    walk(child, f"{name} {child_name}".strip())
+
+    walk(build_parser(), "")
+    return found
+
+
+IMAGE = "registry.example.com/ml/sglang-sm120@sha256:" + "0" * 64
+
+
+def check_example(line: str) -> str | None:
+    """None when the line parses with builder's own parser and (launch, deploy-files,
+    qualify --start/--sweep) its profile, --set and --extra-arg resolve against the
+    target's profiles; else why not."""
+    import contextlib
+    import io
+    import shlex
+
+    from builder import launch
+    from builder.cli import build_parser
+    from builder.commands.serve import _key_values
+    from builder.errors import BuilderError
+    from builder.target import load_target
+
+    words = shlex.split(line.replace("$IMAGE", IMAGE), comments=True)[1:]
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            args = build_parser().parse_args(words)
+    except SystemExit:
+        return f"argparse: {errors.getvalue().strip().splitlines()[-1]}"
+    command = words[0]
+    starts = command in ("launch", "deploy-files") or (
+        command == "qualify" and (args.start or args.sweep)
+    )
+    if not starts or getattr(args, "profile", None) == "chosen":
+        return None
+    # No daemon or registry: --image is answered by the target's own profiles.
+    # The README's default target, not the suite's BUILDER_TARGET.
+    target = args.target if "--target" in words else "sm120"
+    known = launch.Profiles.of(load_target(REPO_ROOT, target).file)
+    names = args.sweep.split(",") if getattr(args, "sweep", None) else [args.profile]
+    try:
+        overrides = launch.Overrides(
+            model=args.model, port=args.port, params=tuple(_key_values("--set", args.set)),
+            extra_args=tuple(args.extra_arg), hf_cache=args.hf_cache,
+            container_name=args.name, bind=args.bind,
+        )  # fmt: skip
+        for name in names:
+            launch.resolve(known, name, "-", overrides)
+    except BuilderError as exc:
+        return str(exc)
+    return None
+
+
+def test_every_example_in_the_readme_and_the_help_parses_and_resolves() -> None:
+    examples = readme_examples() + help_examples()
+    assert len(examples) > 40, examples  # the collector still finds them
+    assert any("--set" in line for _, line in examples)
+    refused = [f"{where}: {line}: {why}" for where, line in examples
+               if (why := check_example(line))]  # fmt: skip
+    assert not refused, "\n".join(refused)
+
+
+def test_the_example_checker_refuses_what_builder_refuses() -> None:
+    assert "refuse" in (check_example("builder launch --set kv_cache_dtype=bfloat16") or "")
+    assert check_example("builder launch --set nosuch=1").startswith("--set nosuch")
+    assert check_example("builder lanch --target sm120").startswith("argparse: ")
+    assert check_example("builder launch --image $IMAGE --set kv_cache_dtype=fp8_e4m3") is None
+
+
+def test_a_server_url_is_a_root_with_or_without_a_port_as_the_readme_says() -> None:
+    """README: `http(s)://HOST[:PORT]`, no path, query or credentials; without a port, the
+    scheme's (a server behind a proxy)."""
+    no_port = cli("wait-ready", "http://127.0.0.1", "--deadline", "0")
+    assert no_port.returncode == 4 and "not ready" in no_port.stdout + no_port.stderr
+    for url in ("http://127.0.0.1:1/v1", "http://u:p@127.0.0.1:1", "ftp://127.0.0.1:1"):
+        refused = cli("wait-ready", url, "--deadline", "0")
+        assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1, refused.stderr
