@@ -250,3 +250,48 @@ def test_a_server_url_is_a_root_with_or_without_a_port_as_the_readme_says() -> N
     for url in ("http://127.0.0.1:1/v1", "http://u:p@127.0.0.1:1", "ftp://127.0.0.1:1"):
         refused = cli("wait-ready", url, "--deadline", "0")
         assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1, refused.stderr
+
+
+# --- rough edges --------------------------------------------------------------------------
+
+
+def test_patches_check_onto_a_ref_names_its_upstream(tmp_path: Path) -> None:
+    """A tag names one upstream's history: v0.7.2 is flashinfer's, not sglang's."""
+    result = cli("patches", "check", "--target", "sm120", "--onto", "v0.7.2",
+                 "--data-dir", str(REPO_ROOT), "--cache-dir", str(tmp_path))  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "error: builder patches check --onto v0.7.2: which upstream's v0.7.2? pass --upstream "
+        "NAME (target sm120: sglang, flashinfer)"
+    )
+
+
+def test_a_bare_number_over_a_day_of_minutes_is_warned() -> None:
+    result = cli("wait-ready", "http://127.0.0.1:1", "--deadline", "0", "--stall-minutes", "1200")
+    assert "--stall-minutes 1200: read as 1200 minutes (20 h); if you meant seconds, write " \
+        "1200s" in result.stderr  # fmt: skip
+    quiet = cli("wait-ready", "http://127.0.0.1:1", "--deadline", "0", "--stall-minutes", "20h")
+    assert "warning" not in quiet.stderr
+
+
+def test_version_names_builders_commit() -> None:
+    import re
+
+    from builder.identity import builder_identity
+
+    result = cli("--version")
+    assert result.returncode == 0
+    commit = builder_identity()["commit"]
+    expected = rf"builder \S+ \(commit {commit[:12]}(, dirty)?\)" if commit else r"builder \S+ \("
+    assert re.fullmatch(expected, result.stdout.strip()), result.stdout
+
+
+def test_an_unknown_command_or_option_gets_a_suggestion() -> None:
+    wrong = cli("lanch")
+    assert wrong.returncode == 1 and wrong.stderr.strip().endswith("; did you mean launch?")
+    option = cli("wait-ready", "http://127.0.0.1:1", "--stal-minutes", "3")
+    assert option.stderr.strip().endswith("; did you mean --stall-minutes?")
+    nested = cli("patches", "chek")
+    assert nested.stderr.strip().endswith("; did you mean check?")
+    far = cli("zzzzzz")
+    assert "did you mean" not in far.stderr
