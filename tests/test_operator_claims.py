@@ -159,6 +159,7 @@ def readme_examples() -> list[tuple[str, str]]:
 def help_examples() -> list[tuple[str, str]]:
     """Every `builder ...` line of each command's --help `examples:` section."""
     import argparse
+    import re
 
     from builder.cli import build_parser
 
@@ -166,8 +167,9 @@ def help_examples() -> list[tuple[str, str]]:
 
     def walk(parser: argparse.ArgumentParser, name: str) -> None:
         text = (parser.description or "") + "\n" + (parser.epilog or "")
-        if "examples:" in text:
-            section = text.split("examples:", 1)[1].splitlines()
+        marker = re.search(r"\bexamples?:", text)
+        if marker:  # `examples:` and lines below it, or `example: builder ...` on its line
+            section = text[marker.end() :].splitlines()
             found.extend(_joined([(f"builder {name} --help", line) for line in section]))
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
