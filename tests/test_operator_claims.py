@@ -297,3 +297,36 @@ def test_an_unknown_command_or_option_gets_a_suggestion() -> None:
     assert nested.stderr.strip().endswith("; did you mean check?")
     far = cli("zzzzzz")
     assert "did you mean" not in far.stderr
+
+
+def test_publish_of_flashinfer_without_a_kernel_wheel_needs_without_kernels(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """No image manifest names a kernel wheel for this flashinfer build: refused in one line
+    before anything is uploaded, unless --without-kernels (then warned, and recorded)."""
+    from builder import cli
+    from builder.commands import publish
+    from builder.wheels import BuiltWheel
+
+    wheel = BuiltWheel("flashinfer", "flashinfer-python", "0.7.2+sm120.gabcdef0",
+                       "flashinfer_python-0.7.2+sm120.gabcdef0-py3-none-any.whl", "0" * 64, 1,
+                       "k", True, tmp_path / "f.whl")  # fmt: skip
+    monkeypatch.setattr(publish, "forks_and_wheels", lambda args, ctx: ({}, {"flashinfer": wheel}))
+    uploads = []
+    monkeypatch.setattr(publish, "publish_wheels", lambda *a: uploads.append(a) or ({}, None))
+    monkeypatch.setattr(publish.manifest, "build_manifest", lambda *a, **k: {})
+    written = {}
+    monkeypatch.setattr(
+        publish.manifest, "write", lambda d, record, tag: written.update(record) or d / "m.json"
+    )
+    common = ["publish", "--target", "sm120", "--data-dir", str(REPO_ROOT),
+              "--manifest-dir", str(tmp_path / "manifests"), "--cache-dir", str(tmp_path / "c"),
+              "--publish-static", str(tmp_path / "static")]  # fmt: skip
+    assert cli.main(common) == 1
+    err = capsys.readouterr().err
+    assert "no image manifest of flashinfer 0.7.2+sm120.gabcdef0 names a kernel wheel yet: " \
+        "run builder image first (it makes one), or pass --without-kernels" in err  # fmt: skip
+    assert not uploads
+    assert cli.main([*common, "--without-kernels"]) == 0
+    assert "publishing without kernels" in capsys.readouterr().err
+    assert uploads and written["without_kernels"].startswith("--without-kernels: ")
