@@ -6,7 +6,6 @@ import argparse
 import sys
 import traceback
 
-from builder import __version__
 from builder.errors import EXIT_CODES, EXIT_CODES_HELP, BuilderError, Unreachable
 from builder.urls import scrub
 
@@ -27,12 +26,29 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         from builder.commands.common import print_json
 
+        message += _did_you_mean(self, message)
         self.print_usage(sys.stderr)
         if _json_asked:  # the --json contract holds for a usage error too
             print_json(
                 {"error": f"{self.prog}: {message}", "exit_code": EXIT_CODES["error"]}, ok=False
             )
         self.exit(EXIT_CODES["error"], f"error: {self.prog}: {message}\n")
+
+
+class _Version(argparse.Action):
+    """`builder 0.1.0 (commit 1a2b3c4d5e6f, dirty)`: the identity manifests record, read
+    only when asked (it looks at the checkout)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from builder.identity import builder_identity
+
+        identity = builder_identity()
+        if identity["commit"]:
+            where = f"commit {identity['commit'][:12]}" + (", dirty" if identity["dirty"] else "")
+        else:
+            where = "no git checkout: the version names its sources"
+        print(f"builder {identity['version']} ({where})")
+        parser.exit(0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG + "\n" + EXIT_CODES_HELP,
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"builder {__version__}")
+    parser.add_argument(
+        "--version", action=_Version, nargs=0,
+        help="builder's version and the git commit it runs from, then exit",
+    )  # fmt: skip
     parser.add_argument(
         "-q", "--quiet", action="store_true",
         help="no progress lines: only results, warnings and errors (before COMMAND)",
@@ -70,6 +89,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
+    """`; did you mean X?` for an unknown command or option, from the command's own
+    choices and options (argparse suggests only from Python 3.14)."""
+    import difflib
+    import re
+
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice:
+        wrong, known = choice[1], re.findall(r"'([^']*)'", choice[2])
+    else:
+        unknown = re.search(r"unrecognized arguments: (.*)", message)
+        words = [w.split("=", 1)[0] for w in (unknown[1].split() if unknown else [])]
+        wrong = next((w for w in words if w.startswith("--")), "")
+        if not wrong:
+            return ""
+        known = [o for a in _command_parser(parser)._actions for o in a.option_strings]
+    close = difflib.get_close_matches(wrong, known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _command_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The deepest subcommand the command line named (unknown options are reported by the
+    top parser, but belong to it)."""
+    for word in _argv:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if subs and word in subs[0].choices:
+            parser = subs[0].choices[word]
+    return parser
+
+
+_argv: list[str] = []
+
+
 def main(argv: list[str] | None = None) -> int:
     global _json_asked
     arguments = sys.argv[1:] if argv is None else list(argv)
@@ -82,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     from builder.commands.common import print_json
 
     _json_asked = "--json" in arguments
+    _argv[:] = arguments
     parser = build_parser()
     args = parser.parse_args(arguments)
     args.argv = arguments

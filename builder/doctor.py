@@ -44,9 +44,35 @@ class Finding:
     ok: bool
     detail: str
     fix: str = ""
+    skipped: bool = False  # could not be checked (detail says why); never ok
+
+    @property
+    def status(self) -> str:
+        """ok, FAIL or SKIP, as doctor --p2p prints them."""
+        return "SKIP" if self.skipped else "ok" if self.ok else "FAIL"
 
     def to_json(self) -> dict:
-        return {"check": self.check, "ok": self.ok, "detail": self.detail, "fix": self.fix}
+        return {"check": self.check, "ok": self.ok, "status": self.status,
+                "detail": self.detail, "fix": self.fix}  # fmt: skip
+
+
+def skipped(check: str, why: str, fix: str = "") -> Finding:
+    """A check that could not run: not a failure, not a pass."""
+    return Finding(check, False, f"not checked: {why}", fix, skipped=True)
+
+
+def verdict(findings: list[Finding]) -> tuple[str, int]:
+    """The last line and the exit code: 1 when a check failed, 9 when one could not be
+    checked and none failed, 0 when every check passed."""
+    failed = [f.check for f in findings if f.status == "FAIL"]
+    skipped_ = [f.check for f in findings if f.skipped]
+    passed = len(findings) - len(failed) - len(skipped_)
+    counts = f"{passed} ok, {len(failed)} failed, {len(skipped_)} not checked"
+    if failed:
+        return f"verdict: NOT ready ({counts}): failed: {', '.join(failed)}", 1
+    if skipped_:
+        return f"verdict: unknown ({counts}): not checked: {', '.join(skipped_)}", 9
+    return f"verdict: ready ({counts})", 0
 
 
 def parse_gpus(text: str) -> list[Gpu]:
@@ -193,12 +219,11 @@ def check_shm(free_bytes: int) -> Finding:
     )
 
 
-def check_runtime(docker_info: dict | None) -> Finding:
+def check_runtime(docker_info: dict | None, why: str = "Docker engine not reachable") -> Finding:
     if docker_info is None:
-        return Finding(
+        return skipped(
             "container runtime",
-            False,
-            "Docker engine not reachable",
+            why,
             "install docker.io and start it (systemctl enable --now docker)",
         )
     runtimes = sorted((docker_info.get("Runtimes") or {}).keys())

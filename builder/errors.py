@@ -11,7 +11,7 @@ EXIT_CODES = {
     "mismatch": 5,  # wait-ready: up, but /server_info shows other backends than asked for
     "stalled": 6,  # wait-ready: no new log line for --stall-minutes before ready
     "drift": 7,  # patches check/refresh: the series cannot move to the new upstream unattended
-    "unqualified": 8,  # qualify: a check failed (its receipt names which); a sweep chose none
+    "unqualified": 8,  # qualify: a check failed or partial (the receipt says); a sweep chose none
     "unreachable": 9,  # could not check: a daemon, registry, index or remote did not answer
     "interrupted": 130,  # Ctrl-C: the cache is consistent, run the command again
 }
@@ -27,7 +27,8 @@ exit codes:
   6    wait-ready: stalled (no new log line for --stall-minutes before ready)
   7    patches check/refresh: the series cannot move to that upstream unattended
   8    qualify: a check failed (verify, start-up, correctness or throughput: see the
-       receipt); qualify --sweep: no profile passed every gate (see chosen.json)
+       receipt), or partial: verify, the backends or throughput did not run
+       (--allow-partial exits 0); qualify --sweep: no profile passed every gate
   9    could not check: the Docker daemon, a registry, an index, a git remote or the
        Hugging Face hub did not answer (nothing was found wrong; 1 means a check ran and
        found a problem)

@@ -73,6 +73,33 @@ def not_passed(gates: list[dict]) -> dict | None:
     return next((g for g in gates if g["mandatory"] and g["status"] != "passed"), None)
 
 
+# The checks without which a receipt says nothing worth having: the image's bytes (verify),
+# the profile's backends at start-up, and throughput. The probes and the needle always run
+# when the run gets that far. Left out (`not_checked`), they make the verdict `partial`: not
+# `qualified`, and exit 8 unless --allow-partial.
+REQUIRED_CHECKS = ("verify", "backends", "throughput")
+
+
+def verdict(result: dict, not_checked: list[dict]) -> dict:
+    """The receipt's result with its verdict: `not qualified` when a check failed,
+    `partial` when it passed but a required check did not run (named, with why),
+    `qualified` otherwise (only then ok)."""
+    if not result["ok"]:
+        return {**result, "verdict": "not qualified"}
+    gaps = sorted(
+        (n for n in not_checked if n["what"] in REQUIRED_CHECKS),
+        key=lambda n: REQUIRED_CHECKS.index(n["what"]),
+    )
+    if not gaps:
+        return {**result, "verdict": "qualified"}
+    named = "; ".join(f"{n['what']} ({n['why']})" for n in gaps)
+    ran = result["message"].replace("every check passed", "every check that ran passed")
+    return {
+        "ok": False, "failed_at": None, "verdict": "partial",
+        "message": f"{ran}; not checked: {named}",
+    }  # fmt: skip
+
+
 # --- arithmetic ----------------------------------------------------------------------------
 
 

@@ -76,11 +76,12 @@ def report_lines(receipt: dict, path: Path, plot: Path | None) -> list[str]:
                 f"{level['prefill_tok_s']} tok/s"
             )
     result = receipt["result"]
-    lines.append(
-        f"qualified: {result['message']}"
-        if result["ok"]
-        else f"NOT qualified: {result['failed_at']}: {result['message']}"
-    )
+    if result["ok"]:
+        lines.append(f"qualified: {result['message']}")
+    elif result.get("verdict") == "partial":
+        lines.append(f"partial, not qualified: {result['message']}")
+    else:
+        lines.append(f"NOT qualified: {result['failed_at']}: {result['message']}")
     lines.append(f"receipt: {path}" + (f" (plot: {plot})" if plot else ""))
     return lines
 
@@ -171,8 +172,7 @@ def compare(named: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]]:
     header = ["", *(name for name, _ in named)]
     rows = [
         ["profile", *(r["server"].get("profile") or "-" for r in receipts)],
-        ["result", *("ok" if r["result"]["ok"] else f"FAIL {r['result']['failed_at']}"
-                     for r in receipts)],
+        ["result", *(_result_cell(r["result"]) for r in receipts)],
     ]  # fmt: skip
     gate_names = [g["name"] for r in receipts for g in r.get("gates") or []]
     for name in dict.fromkeys(gate_names):
@@ -231,7 +231,7 @@ def plot_compare(named: list[tuple[str, dict]], path: Path) -> Path | None:
         x = [lvl["concurrency"] for lvl in levels]
         ticks.update(x)
         ok = receipt["result"]["ok"]
-        label = name if ok else f"{name} (FAIL {receipt['result']['failed_at']})"
+        label = name if ok else f"{name} ({_result_cell(receipt['result'])})"
         y = [lvl["output_throughput"] for lvl in levels]
         axes.plot(x, y, "o-" if ok else "x--", label=label)
     field = f"field: {FIELD_REFERENCE['output_throughput']:,} tok/s at 1024"
@@ -249,3 +249,9 @@ def plot_compare(named: list[tuple[str, dict]], path: Path) -> Path | None:
     plt.close(figure)
     path.with_suffix(".partial.png").replace(path)
     return path
+
+
+def _result_cell(result: dict) -> str:
+    if result["ok"]:
+        return "ok"
+    return "partial" if result.get("verdict") == "partial" else f"FAIL {result['failed_at']}"

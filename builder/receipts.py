@@ -114,7 +114,12 @@ def fetch(image_reference: str, client: docker.DockerClient | None = None) -> di
 def summary(receipt: dict) -> str:
     """One line: when, on what, whether it qualified, and the highest level's figure."""
     result = receipt.get("result") or {}
-    verdict = "qualified" if result.get("ok") else f"NOT qualified ({result.get('failed_at')})"
+    if result.get("ok"):
+        verdict = "qualified"
+    elif result.get("verdict") == "partial":
+        verdict = "partial (a required check did not run)"
+    else:
+        verdict = f"NOT qualified ({result.get('failed_at')})"
     gpus = (receipt.get("gpus") or {}).get("devices") or []
     on = f"{len(gpus)}x {gpus[0]['name']}" if gpus else "GPUs unknown"
     levels = (receipt.get("throughput") or {}).get("levels") or []

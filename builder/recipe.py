@@ -120,7 +120,8 @@ def launch_recipe(reference: str) -> dict:
         label = registry_api.labels(reference).get(LAUNCH_LABEL)
     except BuilderError as exc:  # the engine may still pull it (its own login, a mirror)
         if client is None:
-            raise BuilderError(
+            kind = Unreachable if isinstance(exc, Unreachable) else BuilderError
+            raise kind(
                 f"--image {reference}: no Docker daemon here, and its registry did not give "
                 f"its config ({exc})"
             ) from None

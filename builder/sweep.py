@@ -37,9 +37,14 @@ class Swept:
     path: str  # the receipt, relative to the sweep's folder
 
 
-def standing(receipt: dict) -> tuple[bool, str | None, str | None]:
-    """(stands, where it fell: a check or `gate NAME`, why)."""
+def standing(receipt: dict, allow_partial: bool = False) -> tuple[bool, str | None, str | None]:
+    """(stands, where it fell: a check, `gate NAME` or `partial`, why). A partial receipt
+    (verify, the backends or throughput not run) stands only with --allow-partial."""
     result = receipt["result"]
+    if result.get("verdict") == "partial":
+        if not allow_partial:
+            return False, "partial", result["message"]
+        result = {**result, "ok": True}
     if not result["ok"] and result["failed_at"] != "correctness":
         return False, result["failed_at"], result["message"]
     gates = receipt.get("gates")
@@ -84,10 +89,12 @@ def _choice(swept: Swept, concurrency: int, figure: float, ties: list[str]) -> d
     }
 
 
-def choose(swept: list[Swept], levels: list[int], choose_at: int) -> dict:
+def choose(
+    swept: list[Swept], levels: list[int], choose_at: int, allow_partial: bool = False
+) -> dict:
     """chosen.json: the choice at `choose_at`, the choice per level, and every profile with
     where it fell."""
-    stands = {s.profile: standing(s.receipt) for s in swept}
+    stands = {s.profile: standing(s.receipt, allow_partial) for s in swept}
     per_level = []
     for concurrency in levels:
         ranked = [
@@ -117,8 +124,9 @@ def choose(swept: list[Swept], levels: list[int], choose_at: int) -> dict:
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "builder": builder_identity(),
         "rule": "per level the highest output tok/s among profiles whose result is ok and "
-        "whose every mandatory gate passed (skipped is not passed); a tie goes to the "
-        "profile named first in --sweep",
+        "whose every mandatory gate passed (skipped is not passed)"
+        + (", partial receipts allowed (--allow-partial)" if allow_partial else "")
+        + "; a tie goes to the profile named first in --sweep",
         "choose_at": choose_at,
         "chosen": chosen if chosen and chosen["profile"] else None,
         "levels": per_level,

@@ -136,6 +136,9 @@ def distribution_name(setting: str, value: str) -> str:
 
 
 _UNITS = {"s": 1 / 60, "m": 1.0, "h": 60.0}
+# A server's start takes minutes to an hour or two: a bare number above 6 h is more likely
+# seconds (1200 for 20 min), so it is warned, not refused.
+LONG_MINUTES = 6 * 60
 
 
 def minutes(flag: str, text: str | None) -> float | None:
@@ -150,5 +153,12 @@ def minutes(flag: str, text: str | None) -> float | None:
     if not (math.isfinite(value) and value >= 0):
         raise BuilderError(
             f"{flag} {text}: must be a number of minutes, 0 or more (or with a unit: 90s, 20m, 1h)"
+        )
+    if value > LONG_MINUTES and unit == "m" and text[-1:] != "m":  # a bare number: minutes
+        from builder import progress
+
+        progress.warn(
+            f"{flag} {text}: read as {text} minutes ({value / 60:.0f} h); if you meant seconds, "
+            f"write {text}s (a bare number is minutes; units: 90s, 20m, 1h)"
         )
     return value

@@ -475,3 +475,24 @@ def test_deploy_files_profile_chosen_takes_the_sweeps_choice(tmp_path: Path) -> 
         apply_chosen(given())
     with pytest.raises(BuilderError, match=r"chosen\.json: not a readable chosen\.json"):
         apply_chosen(given(qualify_dir=str(tmp_path / "nowhere")))
+
+
+def test_a_partial_receipt_stands_in_a_sweep_only_with_allow_partial() -> None:
+    partial = _receipt({32: 1500.0})
+    partial["result"] = gates.verdict(
+        partial["result"], [{"what": "verify", "why": "not a builder image"}]
+    )
+    assert partial["result"]["verdict"] == "partial" and partial["result"]["ok"] is False
+    swept = [sweep.Swept("partial", partial, "p/receipt.json"),
+             sweep.Swept("full", _receipt({32: 900.0}), "f/receipt.json")]  # fmt: skip
+    doc = sweep.choose(swept, [32], choose_at=32)
+    assert doc["chosen"]["profile"] == "full"
+    assert doc["profiles"][0]["fell_at"] == "partial" and "verify" in doc["profiles"][0]["why"]
+    allowed = sweep.choose(swept, [32], choose_at=32, allow_partial=True)
+    assert allowed["chosen"]["profile"] == "partial" and "--allow-partial" in allowed["rule"]
+    # Gaps that no receipt needs (no container to look into, no GPU seen) leave it qualified.
+    fine = gates.verdict(
+        {"ok": True, "failed_at": None, "message": "every check passed"},
+        [{"what": "GPU state", "why": "NVML"}, {"what": "compiled at start-up", "why": "-"}],
+    )
+    assert fine["verdict"] == "qualified" and fine["ok"] is True

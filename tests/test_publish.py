@@ -66,7 +66,9 @@ def _pip_install(python: Path, *args: str) -> dict[str, str]:
 def test_upload_then_pip_installs_the_sm120_wheels(built, index, tmp_path) -> None:
     builder, wheels = built
     url, _, log = index
-    result = builder.run("publish", "--publish-index", url, "--json", env=_creds())
+    result = builder.run(
+        "publish", "--publish-index", url, "--without-kernels", "--json", env=_creds()
+    )
     published = json.loads(result.stdout)["published"]
     for name, wheel in wheels.items():
         (record,) = published[name]
@@ -97,7 +99,9 @@ def test_upload_then_pip_installs_the_sm120_wheels(built, index, tmp_path) -> No
     assert shown.strip() == own["version"]
 
     again = json.loads(
-        builder.run("publish", "--publish-index", url, "--json", env=_creds()).stdout
+        builder.run(
+            "publish", "--publish-index", url, "--without-kernels", "--json", env=_creds()
+        ).stdout
     )
     assert {r[0]["action"] for r in again["published"].values()} == {"already-present"}
 
@@ -112,7 +116,9 @@ def test_same_name_different_content_is_refused(built, index) -> None:
     url, packages, _ = index
     impostor = packages / wheels["sglang"]["filename"]
     impostor.write_bytes(b"not the wheel we built")
-    result = builder.run("publish", "--publish-index", url, env=_creds(), check=False)
+    result = builder.run(
+        "publish", "--publish-index", url, "--without-kernels", env=_creds(), check=False
+    )
     assert result.returncode == 1
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
     assert f"already has {wheels['sglang']['filename']}" in line and "refusing to overwrite" in line
@@ -124,7 +130,12 @@ def test_wrong_password_is_one_clear_line_and_records_nothing(built, index) -> N
     url, packages, _ = index
     manifests_before = set((builder.data_dir / "manifests").rglob("*.json"))
     result = builder.run(
-        "publish", "--publish-index", url, env=_creds("wrong-Password-42"), check=False
+        "publish",
+        "--publish-index",
+        url,
+        "--without-kernels",
+        env=_creds("wrong-Password-42"),
+        check=False,
     )
     assert result.returncode == 1
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
@@ -137,7 +148,12 @@ def test_wrong_password_is_one_clear_line_and_records_nothing(built, index) -> N
 def test_index_down(built) -> None:
     builder, _ = built
     result = builder.run(
-        "publish", "--publish-index", "http://127.0.0.1:9/", env=_creds(), check=False
+        "publish",
+        "--publish-index",
+        "http://127.0.0.1:9/",
+        "--without-kernels",
+        env=_creds(),
+        check=False,
     )
     assert result.returncode == 9, "could not check, not a bad input"
     assert "error: index http://127.0.0.1:9/simple/ is unreachable" in result.stderr
@@ -146,8 +162,13 @@ def test_index_down(built) -> None:
 def test_static_index_installs_with_require_hashes(built, tmp_path) -> None:
     builder, wheels = built
     static = tmp_path / "static"
-    first = json.loads(builder.run("publish", "--publish-static", str(static), "--json").stdout)
+    first = json.loads(
+        builder.run(
+            "publish", "--publish-static", str(static), "--without-kernels", "--json"
+        ).stdout
+    )
     assert {r[0]["action"] for r in first["published"].values()} == {"written"}
+    assert "no kernel wheel" in json.loads(Path(first["manifest"]).read_text())["without_kernels"]
     page = (static / "simple/sglang/index.html").read_text()
     assert f"#sha256={wheels['sglang']['sha256']}" in page
     pep691 = json.loads((static / "simple/flashinfer-python/index.json").read_text())
@@ -171,7 +192,11 @@ def test_static_index_installs_with_require_hashes(built, tmp_path) -> None:
     )
     assert installed["sglang"] == wheels["sglang"]["version"]
 
-    again = json.loads(builder.run("publish", "--publish-static", str(static), "--json").stdout)
+    again = json.loads(
+        builder.run(
+            "publish", "--publish-static", str(static), "--without-kernels", "--json"
+        ).stdout
+    )
     assert {r[0]["action"] for r in again["published"].values()} == {"already-present"}
 
 

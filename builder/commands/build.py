@@ -36,6 +36,7 @@ lock = lazy_module("builder.lock")
 manifest = lazy_module("builder.manifest")
 noop = lazy_module("builder.noop")
 packs = lazy_module("builder.kernels.packs")
+progress = lazy_module("builder.progress")
 pipeline = lazy_module("builder.pipeline")
 provenance = lazy_module("builder.provenance")
 registry = lazy_module("builder.registry")
@@ -164,6 +165,13 @@ def _image_options(args: argparse.Namespace, ctx: pipeline.Context) -> image.Ima
     return options
 
 
+PLAN_BUILDS = (
+    "plan: builds no image and compiles no kernel, but fetches the upstreams and builds the "
+    "patched wheels (or takes them from the cache): the tag and every stage key hash the "
+    "wheels' bytes"
+)
+
+
 def _plan_without_daemon(args, ctx, options: image.ImageOptions, why: Unreachable) -> None:
     """`image --plan` with no daemon: what is known from this machine, and what is not."""
     _, wheels = forks_and_wheels(args, ctx)
@@ -209,6 +217,8 @@ def cmd_image(args: argparse.Namespace) -> None:
         inputs.also([recipe_folder, target.image.lock, *image.recipe_files(target)])
     if args.push and not args.plan:
         provenance.refuse_dirty_push(ctx.data_dir, args.allow_dirty)
+    if args.plan:  # said first: the plan is not free, and the reader should know why
+        progress.info(PLAN_BUILDS)
     try:
         client = docker_client.connect()
     except Unreachable as exc:
@@ -374,8 +384,10 @@ def register(sub) -> None:
         help="push even with uncommitted changes under images/ or forks/",
     )
     image_cmd.add_argument(
-        "--plan", action="store_true", help="print what would be built and why; build nothing"
-    )
+        "--plan", action="store_true",
+        help="print what would be built and why; builds no image and compiles no kernel, but "
+        "fetches the upstreams and builds the patched wheels (cached), whose bytes the tag hashes",
+    )  # fmt: skip
     image_cmd.add_argument("--pip-index-url", metavar="URL", help="package index for the build")
     image_cmd.add_argument(
         "--pip-extra-index-url",

@@ -15,7 +15,7 @@ from builder.commands.common import (
     print_json,
 )
 from builder.commands.serve import compiled_line, say_receipt
-from builder.errors import BuilderError
+from builder.errors import BuilderError, Unreachable
 from builder.lazy import lazy_module
 from builder.settings import resolve_data_dir
 from builder.target import load_target
@@ -73,27 +73,38 @@ def cmd_verify(args: argparse.Namespace) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> None:
+    """Every check prints ok, FAIL or SKIP (what could not be checked, and why), then one
+    verdict line; exit 1 when one failed, 9 when one could not be checked and none failed."""
+    findings: list = []
+    facts = None  # (cuda version, compute capability, tp size, profile) from the recipe
     if args.image:
         validate.image_reference("--image", args.image)
         # On a VM: everything from the image's recipe, no checkout needed.
-        built = image_recipe.launch_recipe(args.image)
-        known = image_recipe.profiles_of(built, args.image)
-        cuda_version = Version(built["target"]["cuda_version"])
-        arch_list = built["target"]["arch_list"]
+        try:
+            built = image_recipe.launch_recipe(args.image)
+        except Unreachable as exc:  # no daemon and no registry answer: not a finding
+            if args.p2p:
+                raise
+            findings.append(doctor.skipped("image recipe", str(exc)))
+        else:
+            known = image_recipe.profiles_of(built, args.image)
+            facts = Version(built["target"]["cuda_version"]), built["target"]["arch_list"]
     else:
         target = load_target(resolve_data_dir(args.data_dir), args.target)
         known = launch.Profiles.of(target.file)
-        cuda_version, arch_list = target.cuda_version, target.arch_list
-    recipe = launch.resolve(known, args.profile, args.image or "-", launch.Overrides())
-    profile = launch.flattened(known, recipe.profile)
-    tp = _tp_size(recipe.args)
+        facts = target.cuda_version, target.arch_list
+    recipe = profile = None
+    tp = 1
+    if facts is not None:
+        recipe = launch.resolve(known, args.profile, args.image or "-", launch.Overrides())
+        profile = launch.flattened(known, recipe.profile)
+        tp = _tp_size(recipe.args)
     if args.p2p:
         doctor_p2p.run(args, recipe, tp)
         return
-    compute_cap = arch_list[0].rstrip("af")
+    no_recipe = "the image's recipe could not be read (image recipe above)"
 
     gpu_text = doctor.run_command(doctor.GPU_QUERY)
-    findings = []
     if gpu_text is None:
         findings.append(
             doctor.Finding(
@@ -105,28 +116,48 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         )
     else:
         gpus = doctor.parse_gpus(gpu_text)
-        memory = launch.profile_number(
-            profile, "min_gpu_memory_gib", 0, f"profile '{recipe.profile}'"
-        )
-        findings += doctor.check_gpus(gpus, compute_cap, tp, memory)
-        findings.append(doctor.check_driver(gpus, cuda_version))
+        if facts is None:
+            findings.append(
+                doctor.Finding(
+                    "gpus", bool(gpus), f"{len(gpus)} GPU(s): "
+                    + (", ".join(sorted({g.name for g in gpus})) or "none"),
+                )
+            )  # fmt: skip
+            for check in ("gpu count", "compute capability", "gpu memory"):
+                findings.append(doctor.skipped(check, no_recipe))
+            drivers = ", ".join(sorted({g.driver for g in gpus})) or "none"
+            findings.append(doctor.skipped("driver", f"driver {drivers}; its minimum: {no_recipe}"))
+        else:
+            cuda_version, arch_list = facts
+            compute_cap = arch_list[0].rstrip("af")
+            memory = launch.profile_number(
+                profile, "min_gpu_memory_gib", 0, f"profile '{recipe.profile}'"
+            )
+            findings += doctor.check_gpus(gpus, compute_cap, tp, memory)
+            findings.append(doctor.check_driver(gpus, cuda_version))
         topo = doctor.run_command(["nvidia-smi", "topo", "-m"])
-        if topo:
-            findings.append(doctor.check_topology(doctor.parse_topology(topo)))
-        if profile.get("needs_peer_access"):
+        findings.append(
+            doctor.check_topology(doctor.parse_topology(topo))
+            if topo
+            else doctor.skipped("topology", "nvidia-smi topo -m failed")
+        )
+        if profile is not None and profile.get("needs_peer_access"):
             p2p = doctor.run_command(doctor.P2P_QUERY) or ""
             status = doctor.parse_topology(p2p) if p2p.strip() else {}
             findings.append(doctor.check_peer_access(status, tp))
     findings.append(doctor.check_shm(doctor.shm_free_bytes()))
     info = None
     client = None
+    daemon_why = "Docker engine not reachable"
     try:
         client = docker_client.connect()
         info = client.info()
-    except BuilderError:
-        pass
-    findings.append(doctor.check_runtime(info))
-    if args.container and client is not None:
+    except BuilderError as exc:
+        daemon_why = str(exc)
+    findings.append(doctor.check_runtime(info, *([] if info else [daemon_why])))
+    if args.container and client is None:
+        findings.append(doctor.skipped("jit", f"no Docker daemon to look into {args.container}"))
+    elif args.container:
         try:
             container = client.containers.get(args.container)
         except docker.errors.NotFound:
@@ -150,7 +181,9 @@ def cmd_doctor(args: argparse.Namespace) -> None:
                 "reuses them (if it does not, the volume is missing from the run command)",
             )
         )
-    if args.image and client is not None:
+    if args.image and client is None:
+        findings.append(doctor.skipped("image", "no Docker daemon to look for it in"))
+    elif args.image:
         present = True
         try:
             client.images.get(args.image)
@@ -158,17 +191,17 @@ def cmd_doctor(args: argparse.Namespace) -> None:
             present = False
         findings.append(doctor.check_image(args.image, present))
 
-    failed = [f for f in findings if not f.ok]
+    line, code = doctor.verdict(findings)
     if args.json:
-        print_json({"findings": [f.to_json() for f in findings]}, ok=not failed)
+        print_json({"findings": [f.to_json() for f in findings], "verdict": line}, ok=code == 0)
     else:
         for finding in findings:
-            mark = "ok  " if finding.ok else "FAIL"
-            print(f"{mark} {finding.check}: {finding.detail}")
-            if finding.fix and (not finding.ok or args.verbose):
+            print(f"{finding.status:<4} {finding.check}: {finding.detail}")
+            if finding.fix and (finding.status != "ok" or args.verbose):
                 print(f"     fix: {finding.fix}")
-    if failed:
-        raise SystemExit(1)
+        print(line)
+    if code:
+        raise SystemExit(code)
 
 
 def _tp_size(args: tuple[str, ...]) -> int:
@@ -215,8 +248,10 @@ def register(sub) -> None:
         description="Check that this machine can run the target's image with a launch profile: "
         "NVIDIA driver new enough for the target's CUDA, GPU count and compute capability, "
         "memory per GPU, NVIDIA container runtime, /dev/shm, GPU topology (P2P over PCIe or "
-        "NVLink) and, with --image, that the image is present. Each failing check says how "
-        "to fix it; exit code 1 if any fails.\n\n"
+        "NVLink) and, with --image, that the image is present. Each check says ok, FAIL or "
+        "SKIP (could not be checked: no Docker daemon, the image's recipe unreadable, "
+        "nvidia-smi topo failing), a failing one how to fix it; then one verdict line. Exit "
+        "code 1 if any fails, 9 if one could not be checked and none failed.\n\n"
         "With --p2p, instead: measure the GPUs' peer-to-peer fabric before any model loads. "
         "A probe runs in the image (docker run --rm --gpus all --ipc=host, the probe file "
         "mounted read-only): peer access, copy bandwidth and latency of every GPU pair, "

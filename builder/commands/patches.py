@@ -50,6 +50,12 @@ def cmd_patches_list(args: argparse.Namespace) -> None:
 
 def cmd_patches_check(args: argparse.Namespace) -> None:
     ctx = context(args)
+    selected = ctx.selected()
+    if len(selected) != 1:  # one REF names one upstream's history, never every upstream's
+        raise BuilderError(
+            f"builder patches check --onto {args.onto}: which upstream's {args.onto}? pass "
+            f"--upstream NAME (target {ctx.target.name}: {', '.join(selected)})"
+        )
     results = {}
     with locked(ctx.cache_dir):
         for name, use in ctx.selected().items():

@@ -189,17 +189,27 @@ def cmd_publish(args: argparse.Namespace) -> None:
     kernels_wheel = _manifest_kernel_wheel(
         directory, wheelhouse_dir(args, ctx), wheels.get("flashinfer")
     )
+    without = None
     if kernels_wheel:
         wheels["kernels"] = kernels_wheel
     elif "flashinfer" in wheels:
-        progress.warn(
-            "no image manifest of this flashinfer build names a kernel wheel yet (`builder "
-            "image` makes one): publishing without kernels, so a plain venv compiles them"
+        if not args.without_kernels:
+            raise BuilderError(
+                f"no image manifest of flashinfer {wheels['flashinfer'].version} names a kernel "
+                "wheel yet: run builder image first (it makes one), or pass --without-kernels "
+                "(a plain venv then compiles every FlashInfer module at first use)"
+            )
+        without = (
+            "--without-kernels: no image manifest of this flashinfer build names a kernel "
+            "wheel; a plain venv compiles every FlashInfer module at first use"
         )
+        progress.warn(f"publishing without kernels ({without})")
     published, own_wheel = publish_wheels(args, wheels, ctx.cache_dir)
     record = manifest.build_manifest(
         ctx.target, forks, wheels, published=published, builder_wheel=own_wheel
     )
+    if without:
+        record["without_kernels"] = without
     tag = "publish-" + "-".join(f.fork_commit[:7] for f in forks.values())
     written = manifest.write(
         manifest.manifest_dir(ctx.data_dir, args.manifest_dir, ctx.target.name), record, tag
@@ -230,4 +240,9 @@ def register(sub) -> None:
     )
     add_wheelhouse(publish_cmd)
     add_publish_options(publish_cmd, "--index", "--static")
+    publish_cmd.add_argument(
+        "--without-kernels", action="store_true",
+        help="publish the FlashInfer wheel though no image manifest names its kernel wheel "
+        "yet (a plain venv then compiles every module); recorded in the manifest",
+    )  # fmt: skip
     publish_cmd.add_argument("--manifest-dir", metavar="DIR", help="where manifests go")

@@ -188,15 +188,17 @@ def _report(args, checked: Checked) -> None:
         checked.pushed,
     )
     push_failed = bool(pushed and "error" in pushed)
-    ok = receipt["result"]["ok"] and not push_failed
+    partial_allowed = receipt["result"].get("verdict") == "partial" and args.allow_partial
+    passed = receipt["result"]["ok"] or partial_allowed
+    ok = passed and not push_failed
     if args.json:
         where = {"receipt": str(receipt_path), "plot": plot and str(plot), "receipt_push": pushed}
         print_json({**receipt, **where}, ok=ok)
     else:
         print("\n".join(receipt_views.report_lines(receipt, receipt_path, plot)))
-    if push_failed and receipt["result"]["ok"]:
+    if push_failed and passed:
         raise SystemExit(EXIT_CODES["error"])
-    if not receipt["result"]["ok"]:
+    if not passed:
         raise SystemExit(EXIT_CODES["unqualified"])
 
 
@@ -261,9 +263,14 @@ The receipt (receipt.json, and receipt.png when matplotlib is installed) goes to
 --sweep P1,P2 starts, qualifies and stops each profile in turn (a graph-capture hang is
 retried once with the profile's [fallback] params), a receipt each in --out/PROFILE/, then
 chooses per concurrency level the fastest profile that passed every gate: --out/chosen.json
-(for `deploy-files --profile chosen`). Exit codes: 0 qualified (a sweep: a profile
-chosen), 1 bad input, 8 a check failed (the receipt says which; a sweep: none chosen),
-9 no Docker daemon, or the hub did not answer for GSM8K.
+(for `deploy-files --profile chosen`). The verdict is `qualified` only when verify (an
+image known: --image, or a --container of a builder image), the profile's backends
+(--profile, or launch's labels on the container) and throughput all ran and passed;
+with one of them left out it is `partial`, naming each and why, and exits 8 unless
+--allow-partial (a sweep: such a profile stands only with --allow-partial).
+Exit codes: 0 qualified (or partial with --allow-partial; a sweep: a profile chosen),
+1 bad input, 8 a check failed or partial (the receipt says which; a sweep: none
+chosen), 9 no Docker daemon, or the hub did not answer for GSM8K.
 
 examples:
   builder qualify http://127.0.0.1:30000 --container sglang-glm5 --profile glm5-nvfp4-tp8
@@ -377,7 +384,16 @@ examples:
         "--tokenizer", metavar="PATH",
         help="the tokenizer bench_serving loads in the container (default: the server's)",
     )  # fmt: skip
-    command.add_argument("--no-throughput", action="store_true", help="stop after correctness")
+    command.add_argument(
+        "--no-throughput", action="store_true",
+        help="stop after correctness (the verdict is then partial)",
+    )  # fmt: skip
+    command.add_argument(
+        "--allow-partial", action="store_true",
+        help="exit 0 when every check that ran passed but verify, the backends or throughput "
+        "did not run (verdict partial; the receipt names them); a sweep may then choose "
+        "such a profile",
+    )  # fmt: skip
     command.add_argument("--out", default="qualify", help="receipt folder (default: ./qualify)")
     command.add_argument(
         "--push-receipt", action="store_true",

@@ -247,6 +247,11 @@ def run_checks(args, url: str, plan: Plan, out: Path, earlier: list | None = Non
         "not_checked": [],
         "result": {"ok": True, "failed_at": None, "message": "every check passed"},
     }
+    if not profile:
+        why = "no --profile" + (", and the container has no launch labels" if container else "")
+        _not_checked(receipt, "backends", why)
+    if not receipt["gpus"].get("available", True):
+        _not_checked(receipt, "GPU state", receipt["gpus"].get("why") or "no GPU seen")
     run = _Run(receipt)
     with contextlib.suppress(_Failed):  # the receipt says where it stopped
         _checks(args, run, client, container, image, url, plan, (in_image, client_note))
@@ -256,6 +261,7 @@ def run_checks(args, url: str, plan: Plan, out: Path, earlier: list | None = Non
     skipped = [g["name"] for g in receipt["gates"] if g["mandatory"] and g["status"] == "skipped"]
     if receipt["result"]["ok"] and skipped:
         receipt["result"]["message"] = f"every check that ran passed; skipped: {', '.join(skipped)}"
+    receipt["result"] = gates.verdict(receipt["result"], receipt["not_checked"])
     receipt_path = out / "receipt.json"
     atomic_write_text(receipt_path, json.dumps(receipt, indent=2, sort_keys=True) + "\n")
     plot = receipt_views.plot(receipt, out / "receipt.png") if receipt["throughput"] else None

@@ -83,9 +83,9 @@ def run(args: argparse.Namespace, plan, out: Path, names: list[str], known) -> N
         progress.info(escape(f"sweep: profile {name} ({len(swept) + 1} of {len(names)})"))
         receipt = _qualify_one(args, name, known, plan, folder)
         swept.append(sweep.Swept(name, receipt, f"{name}/receipt.json"))
-        stands, fell, why = sweep.standing(receipt)
+        stands, fell, why = sweep.standing(receipt, args.allow_partial)
         progress.info(escape(f"{name}: " + ("stands" if stands else f"FAIL {fell}: {why}")))
-    doc = sweep.choose(swept, plan.concurrency, args.choose_at)
+    doc = sweep.choose(swept, plan.concurrency, args.choose_at, args.allow_partial)
     chosen_path = out / sweep.CHOSEN_FILE
     atomic_write_text(chosen_path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     plot = plot_compare([(s.profile, s.receipt) for s in swept], out / "sweep.png")

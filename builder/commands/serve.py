@@ -444,7 +444,7 @@ def add_launch_options(command: argparse.ArgumentParser, skip: tuple[str, ...] =
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a profile param, e.g. --set kv_cache_dtype=bf16",
+        help="override a profile param, e.g. --set cuda_graph_max_bs_decode=128",
     )
     option(
         "--extra-arg",
@@ -502,7 +502,7 @@ def register(sub) -> None:
         "ready (see wait-ready).\n\n"
         "examples:\n"
         "  builder launch --target sm120\n"
-        "  builder launch --model /data/GLM-5-NVFP4 --set kv_cache_dtype=bf16\n"
+        "  builder launch --model /data/GLM-5-NVFP4 --set cuda_graph_max_bs_decode=128\n"
         "  builder launch --profile glm5-nvfp4-tp8-fusion   # experimental, prints a warning",
         uses=(PROJECT,),
     )
@@ -587,7 +587,7 @@ def register(sub) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="a profile param, as given to `launch --set` (repeatable), e.g. "
-        "--set kv_cache_dtype=bfloat16",
+        "--set cuda_graph_max_bs_decode=128",
     )
     wait.add_argument(
         "--api-key-file",
