@@ -181,6 +181,8 @@ def for_launch(
             note = f" (not matched against this machine: {machine})"
         return _applied(env, profile, needs_peer_access, path, record, note)
     if not isinstance(machine, Machine):
+        if not (cache_dir and any((Path(cache_dir) / RECORD_DIR).glob("gpus-*.json"))):
+            return Reading(env, "")  # a build host: no GPUs and no record, nothing to say
         return Reading(
             env, f"P2P record: none read ({machine}, so this machine's GPU order and topology "
             "are unknown)",

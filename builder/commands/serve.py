@@ -135,7 +135,8 @@ def with_p2p_record(
         raise BuilderError("--p2p-record and --no-p2p-record: give one")
     needs = bool(launch.flattened(profiles, recipe.profile).get("needs_peer_access"))
     recipe, line = p2p_record.apply(recipe, needs, record_file, disabled)
-    progress.info(escape(line))
+    if line:
+        progress.info(escape(line))
     return recipe
 
 
