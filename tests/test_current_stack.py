@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from builder import launch
+from builder import sglang_parser as sglang_flags  # was tests/sglang_flags.py
 from builder.target import load_target
 from builder.wheelfiles import write_wheel
-from tests import sglang_flags
 from tests.conftest import REPO_ROOT, Builder, seed_cache
 from tests.services import (
     CURRENT_STACK_RUNTIME_LOCK,

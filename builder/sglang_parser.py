@@ -1,5 +1,7 @@
 """List the command-line options of sglang's ``launch_server`` / ``sglang serve``
-from the sglang source tree, without importing sglang (stdlib ``ast`` only).
+from the sglang source tree, without importing sglang (stdlib ``ast`` only): what
+``builder upstream check`` holds each launch profile against, for the pinned release and
+the next one (it was tests/sglang_flags.py).
 
 Written against sglang 0.5.23, where the parser is built like this
 (paths relative to the ``sglang`` package directory):
@@ -39,6 +41,8 @@ import pathlib
 from collections.abc import Iterable
 from typing import Any
 
+from builder.errors import BuilderError
+
 __all__ = [
     "ExtractionError",
     "Flag",
@@ -49,7 +53,7 @@ __all__ = [
 ]
 
 
-class ExtractionError(RuntimeError):
+class ExtractionError(BuilderError):
     """The source tree does not have the shape this extractor understands."""
 
 
@@ -548,8 +552,8 @@ class _Registry:
         for opt in option_strings:
             if opt in self.flags:
                 raise ExtractionError(
-                    f"option {opt} registered twice ({self.flags[opt].origin} and {kw.get('origin')}); "
-                    "argparse would raise a conflict"
+                    f"option {opt} registered twice ({self.flags[opt].origin} and "
+                    f"{kw.get('origin')}); argparse would raise a conflict"
                 )
         for opt in option_strings:
             self.flags[opt] = Flag(option=opt, option_strings=tuple(option_strings), **kw)
@@ -926,8 +930,8 @@ def _walk_add_cli_args(
                             target.extend(vals)
                     continue
                 raise ExtractionError(
-                    f"unrecognised statement in add_cli_args at {ev.tree.rel(module, stmt.lineno)}: "
-                    f"{ast.unparse(stmt)[:80]}"
+                    "unrecognised statement in add_cli_args at "
+                    f"{ev.tree.rel(module, stmt.lineno)}: {ast.unparse(stmt)[:80]}"
                 )
             elif isinstance(stmt, (ast.Pass,)) or (
                 isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
@@ -935,8 +939,8 @@ def _walk_add_cli_args(
                 continue
             else:
                 raise ExtractionError(
-                    f"unrecognised statement in add_cli_args at {ev.tree.rel(module, stmt.lineno)}: "
-                    f"{type(stmt).__name__}"
+                    "unrecognised statement in add_cli_args at "
+                    f"{ev.tree.rel(module, stmt.lineno)}: {type(stmt).__name__}"
                 )
 
     run(fn.body, False)
