@@ -143,3 +143,69 @@ def markdown(report: Report) -> str:
     lines += [f"| {s} | {_cell(i)} | {_cell(r)} | {v} |" for s, i, r, v in rows(report)]
     lines += ["", "Made by `builder upstream check`."]
     return "\n".join(lines) + "\n"
+
+
+_PATCH_WORDS = {
+    "clean": "applies as it is",
+    "merged": "applies with a 3-way merge",
+    "upstream": "dropped: the release has it already",
+    "conflict": "conflicts",
+}
+
+
+def commit_message(
+    report: Report, kept: str | None, locked: dict[str, dict] | None
+) -> tuple[str, str]:
+    """(subject, whole message) of a move's commit: per patch what happened, per profile
+    which of its flags changed."""
+    assert report.release is not None and report.pins is not None
+    pins = report.pins
+    subject = f"upstream: {report.target} onto sglang {report.release.version}"
+    flashinfer = pins.flashinfer
+    if flashinfer.get("changes"):
+        subject += f" and flashinfer {flashinfer['to']['version']}"
+    sglang = pins.sglang["to"]
+    lines = [subject, "", "pins:"]
+    lines.append(
+        f"  sglang {report.pinned} -> {sglang['version']}: {sglang['ref']} (sha256 "
+        f"{sglang['sha256']}, commit {sglang['commit']})"
+    )
+    if flashinfer.get("changes"):
+        lines.append(
+            f"  flashinfer {flashinfer['from']['version']} -> {flashinfer['to']['version']}: "
+            f"{flashinfer['to']['ref']} (commit {flashinfer['to']['commit']}, read from "
+            f"{flashinfer['to']['wheel']})"
+        )
+    lines += [f"  {r['from']} -> {r['to']}" for r in pins.requirements if r["changed"]]
+    for upstream, checked in report.series.items():
+        if "skipped" in checked:
+            lines += ["", f"{upstream} series: {checked['skipped']}"]
+            continue
+        lines += ["", f"{upstream} series onto {checked['onto']}:"]
+        if not checked["patches"]:
+            lines.append("  (no patches)")
+        for patch in checked["patches"]:
+            detail = "; ".join(patch["details"]) if patch["status"] == "merged" else ""
+            words = _PATCH_WORDS[patch["status"]]
+            lines.append(f"  {patch['patch']}: {words}" + (f" ({detail})" if detail else ""))
+    lines += ["", f"profiles (flags whose definition changed in sglang {sglang['version']}):"]
+    for profile in report.profiles:
+        changed = "; ".join(profile.changed) if profile.changed else "none"
+        lines.append(f"  {profile.target} {profile.profile}: {changed}")
+    if report.call_sites is not None and (report.call_sites.added or report.call_sites.removed):
+        lines += ["", "FlashInfer names sglang's server code now uses (review the JIT list):"]
+        lines += [f"  + {n} ({_files(f)})" for n, f in report.call_sites.added.items()]
+        lines += [f"  - {n} ({_files(f)})" for n, f in report.call_sites.removed.items()]
+    if kept:
+        lines += ["", f"kept: target {kept} (images/{kept}) on the old pins, series and lock"]
+    lines.append("")
+    if locked is None:
+        lines.append("runtime lock: not re-resolved (--no-lock): run `builder lock` before a build")
+    elif not locked:
+        lines.append("runtime lock: none to re-resolve")
+    for name, summary in (locked or {}).items():
+        changed = ", ".join(summary["changed"]) or "no version changed"
+        lines.append(f"runtime lock of {name}: {summary['packages']} packages; {changed}")
+    lines += ["", f"Made by `builder upstream move --target {report.target} --to "
+                  f"sglang=={report.release.version}`."]  # fmt: skip
+    return subject, "\n".join(lines) + "\n"
