@@ -22,20 +22,23 @@ _FALLBACK = re.compile(
 )
 
 
-def _dotted(node: ast.AST) -> list[str] | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        return [node.id, *reversed(parts)]
-    return None
+def _statements(body: list[ast.stmt]):
+    """Every statement, nested ones included (imports sit in functions too); expressions,
+    where most of a module's nodes are, are not visited."""
+    for statement in body:
+        yield statement
+        for name in ("body", "orelse", "finalbody"):
+            yield from _statements(getattr(statement, name, None) or [])
+        for handler in getattr(statement, "handlers", None) or []:
+            yield from _statements(handler.body)
+        for case in getattr(statement, "cases", None) or []:
+            yield from _statements(case.body)
 
 
 def file_references(text: str) -> set[str]:
     """FlashInfer names one file uses: `module:name` for an imported name, the dotted path
-    for an attribute reached through an imported FlashInfer module, the module for a bare
-    import that is never used further."""
+    for an attribute reached through an imported FlashInfer module (by pattern: comments
+    count too), the module for a bare import that is never used further."""
     try:
         tree = ast.parse(text)
     except SyntaxError:  # newer syntax than this Python's: the names, by pattern
@@ -47,7 +50,7 @@ def file_references(text: str) -> set[str]:
         return found
     found: set[str] = set()
     modules: dict[str, str] = {}  # local name -> FlashInfer module it is bound to
-    for node in ast.walk(tree):
+    for node in _statements(tree.body):
         if isinstance(node, ast.ImportFrom) and not node.level and node.module:
             if node.module == _ROOT or node.module.startswith(_ROOT + "."):
                 for alias in node.names:
@@ -58,12 +61,9 @@ def file_references(text: str) -> set[str]:
                     found.add(alias.name)
                     local = alias.asname or alias.name.split(".")[0]
                     modules[local] = alias.name if alias.asname else _ROOT
-    if modules:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute):
-                dotted = _dotted(node)
-                if dotted and dotted[0] in modules:
-                    found.add(".".join([modules[dotted[0]], *dotted[1:]]))
+    for local, module in modules.items():
+        for chain in re.findall(rf"(?<![\w.]){re.escape(local)}((?:\.\w+)+)", text):
+            found.add(module + chain)
     return _longest(found)
 
 
@@ -72,14 +72,22 @@ def _longest(names: set[str]) -> set[str]:
     return {n for n in names if not any(o != n and o.startswith(n + ".") for o in names)}
 
 
+_IMPORTS = re.compile(r"\b(?:from|import)\s+flashinfer\b")
+
+
+def text_references(text: str) -> set[str]:
+    """file_references for a file that imports FlashInfer at all (most files that name it
+    only compare a backend's name with the string "flashinfer")."""
+    return file_references(text) if _ROOT in text and _IMPORTS.search(text) else set()
+
+
 def references(files: Iterable[tuple[str, str]]) -> dict[str, set[str]]:
-    """{path: FlashInfer names} over (path, text) pairs, for files that name FlashInfer."""
+    """{path: FlashInfer names} over (path, text) pairs, for files that use FlashInfer."""
     found = {}
     for path, text in files:
-        if _ROOT in text:
-            names = file_references(text)
-            if names:
-                found[path] = names
+        names = text_references(text)
+        if names:
+            found[path] = names
     return found
 
 

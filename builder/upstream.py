@@ -208,38 +208,60 @@ def _cuda(requirements: list[Requirement], target: Target) -> dict:
     }
 
 
-def _export_package(repo: pygit2.Repository, tree: pygit2.Oid, into: Path, top: str) -> Path:
-    """The Python files under `top/` of a tree, written under `into` (for the parser)."""
+class _GitPackage:
+    """A Python package's files in a git tree, read where they are (sglang_parser's
+    PackageFiles): the parser reads the few dozen modules it needs, nothing is written."""
 
-    def walk(node: pygit2.Tree, prefix: str) -> None:
-        for entry in node:
-            path = f"{prefix}{entry.name}"
-            if entry.type_str == "tree":
-                walk(repo.get(entry.id), path + "/")
-            elif entry.name.endswith(".py"):
-                out = into / path
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_bytes(repo.get(entry.id).data)
+    def __init__(self, repo: pygit2.Repository, tree: pygit2.Oid, top: str, what: str) -> None:
+        self.repo, self.what = repo, what
+        root = repo.get(tree).peel(pygit2.Tree)
+        self.tree = root[top].peel(pygit2.Tree) if top in root else None
 
-    root = repo.get(tree)
-    if top in root:
-        walk(repo.get(root[top].id), f"{top}/")
-    return into / top
+    def _entry(self, relative: str):
+        try:
+            return self.tree[relative] if self.tree is not None and relative else None
+        except KeyError:
+            return None
+
+    def is_file(self, relative: str) -> bool:
+        entry = self._entry(relative)
+        return entry is not None and entry.type_str == "blob"
+
+    def read(self, relative: str) -> str:
+        entry = self._entry(relative)
+        assert entry is not None, relative
+        return self.repo.get(entry.id).data.decode("utf-8", errors="replace")
+
+    def __str__(self) -> str:
+        return self.what
 
 
-def _tree_files(repo: pygit2.Repository, tree: pygit2.Oid, prefixes: tuple[str, ...]):
-    """(path, text) of the Python files under `prefixes` in a tree."""
-    root = repo.get(tree)
-    stack = [(root, "")]
+def _call_sites(
+    repo: pygit2.Repository, tree: pygit2.Oid, seen: dict[pygit2.Oid, set[str]]
+) -> dict[str, set[str]]:
+    """{path: FlashInfer names} of sglang's server code in a tree; `seen` keeps each file's
+    names by blob, so the files two releases share are read once."""
+    found = {}
+    stack = [(repo.get(tree).peel(pygit2.Tree), "")]
+    prefixes = flashinfer_calls.PREFIXES
     while stack:
         node, prefix = stack.pop()
         for entry in node:
             path = f"{prefix}{entry.name}"
             if entry.type_str == "tree":
                 if any(p.startswith(path + "/") or path.startswith(p) for p in prefixes):
-                    stack.append((repo.get(entry.id), path + "/"))
+                    stack.append((repo.get(entry.id).peel(pygit2.Tree), path + "/"))
             elif path.endswith(".py") and path.startswith(prefixes):
-                yield path, repo.get(entry.id).data.decode("utf-8", errors="replace")
+                if entry.id not in seen:
+                    data = repo.get(entry.id).data
+                    seen[entry.id] = (
+                        flashinfer_calls.text_references(data.decode("utf-8", errors="replace"))
+                        if b"flashinfer" in data
+                        else set()
+                    )
+                if seen[entry.id]:
+                    found[path] = seen[entry.id]
+    return found
 
 
 def sharing_targets(data_dir: Path, target: Target) -> list[Target]:
@@ -393,7 +415,7 @@ def _lock_dry_run(ctx: Context, requirements: list[str], requires: dict, report:
     }
 
 
-def _parser(package: Path, what: str) -> tuple[dict, set[str]]:
+def _parser(package: _GitPackage, what: str) -> tuple[dict, set[str]]:
     with progress.task(f"read {what}'s argument parser", announce=False):
         return sglang_parser.server_flags(package), set(sglang_parser.server_args_fields(package))
 
@@ -469,21 +491,20 @@ def check(ctx: Context, to: str | None = None, run_lock: bool = True) -> Report:
         cuda=cuda,
     )
 
-    with tempfile.TemporaryDirectory(prefix="builder-upstream-") as tmp:
-        # Both with the series applied (conflicting patches left out): what would run.
-        old_tree = result.pinned_trees[-1]
-        new_tree = result.trees[-1] if result.trees else repo.get(onto_commit).peel(pygit2.Tree).id
-        new_package = _export_package(repo, new_tree, Path(tmp) / "new", SGLANG)
-        old_package = _export_package(repo, old_tree, Path(tmp) / "old", SGLANG)
-        try:
-            new_flags, new_fields = _parser(new_package, f"sglang {chosen.version}")
-        except BuilderError as exc:
-            raise BuilderError(f"sglang {chosen.version}: its argument parser: {exc}") from None
-        try:
-            old_flags, _ = _parser(old_package, f"sglang {fork.version}")
-        except BuilderError as exc:
-            progress.warn(f"sglang {fork.version}'s argument parser is not read ({exc})")
-            old_flags = None
+    # Both with the series applied (conflicting patches left out): what would run.
+    old_tree = result.pinned_trees[-1]
+    new_tree = result.trees[-1] if result.trees else repo.get(onto_commit).peel(pygit2.Tree).id
+    new_package = _GitPackage(repo, new_tree, SGLANG, f"sglang {chosen.version}")
+    old_package = _GitPackage(repo, old_tree, SGLANG, f"sglang {fork.version}")
+    try:
+        new_flags, new_fields = _parser(new_package, f"sglang {chosen.version}")
+    except BuilderError as exc:
+        raise BuilderError(f"sglang {chosen.version}: its argument parser: {exc}") from None
+    try:
+        old_flags, _ = _parser(old_package, f"sglang {fork.version}")
+    except BuilderError as exc:
+        progress.warn(f"sglang {fork.version}'s argument parser is not read ({exc})")
+        old_flags = None
     for shared in sharing_targets(ctx.data_dir, target):
         report.profiles += profile_flags.check_target(
             shared.name, shared.file, new_flags, new_fields, old_flags, chosen.version
@@ -495,9 +516,9 @@ def check(ctx: Context, to: str | None = None, run_lock: bool = True) -> Report:
             report.review.append(f"JIT generator {generator.generator}: {generator.detail}")
 
     with progress.task("diff the FlashInfer names sglang's server code uses"):
+        seen: dict[pygit2.Oid, set[str]] = {}
         report.call_sites = flashinfer_calls.diff(
-            flashinfer_calls.references(_tree_files(repo, old_tree, flashinfer_calls.PREFIXES)),
-            flashinfer_calls.references(_tree_files(repo, new_tree, flashinfer_calls.PREFIXES)),
+            _call_sites(repo, old_tree, seen), _call_sites(repo, new_tree, seen)
         )
 
     if not run_lock:
