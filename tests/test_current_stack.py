@@ -7,7 +7,6 @@ wheel to builder through `--mirror`, exactly as a site's own index would.
 
 from __future__ import annotations
 
-import ast
 import base64
 import csv
 import hashlib
@@ -23,6 +22,7 @@ import pytest
 
 from builder import launch
 from builder import sglang_parser as sglang_flags  # was tests/sglang_flags.py
+from builder.jit_generators import check_generators
 from builder.target import load_target
 from builder.wheelfiles import write_wheel
 from tests.conftest import REPO_ROOT, Builder, seed_cache
@@ -173,21 +173,20 @@ def test_the_old_stack_s_attention_workaround_is_not_in_the_current_profiles() -
 
 
 def test_every_listed_generator_exists_in_flashinfer_0_7_2() -> None:
-    """The JIT list names functions of the pinned FlashInfer (its released sdist), so the
-    image's warm-up cannot fail on a name that moved."""
+    """The JIT list names functions of the pinned FlashInfer (its released sdist), with
+    arguments they take, so the image's warm-up cannot fail on a name that moved (the check
+    `builder upstream check` runs against a new FlashInfer's wheel)."""
     sdist = fetch_sdist("flashinfer-python", FLASHINFER_PIN["version"])
     target = load_target(REPO_ROOT, TARGET)
     with tarfile.open(sdist) as archive:
         members = {Path(m.name).relative_to(Path(m.name).parts[0]).as_posix(): m
                    for m in archive.getmembers() if m.isfile() and m.name.endswith(".py")}  # fmt: skip
-        for generator in target.jit_modules:
-            module, function = generator.split("(")[0].split(":")
-            path = module.replace(".", "/") + ".py"
-            if path not in members:
-                path = module.replace(".", "/") + "/__init__.py"
-            tree = ast.parse(archive.extractfile(members[path]).read())
-            defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
-            assert function in defined, f"{generator}: no {function} in {path}"
+
+        def read(path: str) -> str | None:
+            return archive.extractfile(members[path]).read().decode() if path in members else None
+
+        checks = check_generators(target.jit_modules, read)
+    assert [c.generator for c in checks if c.status != "present"] == [], checks
 
 
 def _record_ok(wheel: Path) -> None:

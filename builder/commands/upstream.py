@@ -46,6 +46,11 @@ def cmd_upstream_move(args: argparse.Namespace) -> None:
         print(f"error: {moved.refused}", file=sys.stderr)
         raise SystemExit(EXIT_CODES["drift"])
     extra = {"moved": True, "commit": moved.commit, "kept": moved.kept, "lock": moved.lock}
+    if args.markdown:  # the pull request's body: the report and the commit it made
+        atomic_write_text(
+            Path(args.markdown),
+            view.markdown(moved.report) + f"\nCommitted: `{moved.subject}` ({moved.commit[:12]})\n",
+        )
     if args.json:
         print_json({**moved.report.to_json(), **extra}, ok=True)
     else:
