@@ -424,12 +424,12 @@ def check(ctx: Context, to: str | None = None, run_lock: bool = True) -> Report:
     """The report for moving ctx.target to release `to` (default: the newest)."""
     target = ctx.target
     fork, series_name = release_upstream(target)
+    wanted = parse_to(to) if to is not None else None
     index = ctx.mirrors.rewrite(fork.url)
     with progress.task(f"read {redact(index)} for {fork.wheel.dist_name} releases"):
         newer = newer_releases(fork, index)
     report = Report(target.name, fork.url, fork.version, [r.version for r in newer])
-    if to is not None:
-        wanted = parse_to(to)
+    if wanted is not None:
         chosen = next((r for r in newer if r.version == wanted), None)
         if chosen is None:
             offered = ", ".join(report.newer) or "none"

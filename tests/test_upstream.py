@@ -359,3 +359,38 @@ def test_listed_generators_are_checked_against_flashinfer_s_source(tmp_path: Pat
     assert [c.status for c in checks] == ["present", "arguments", "missing", "arguments"]
     assert checks[1].detail.startswith("gen_batch_mla_module takes ")
     assert checks[3].detail == "gen_trtllm_comm_module has no parameter no_such_argument"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--target", "sm120-0.5.9"),
+         "sm120-0.5.9/target.toml: upstream check follows a release-sourced sglang pin"),
+        (("--to", "vllm==0.9"), "--to vllm==0.9: expected sglang==VERSION"),
+        (("--to", "sglang==next"), "--to sglang==next: 'next' is not a version"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_before_any_index_is_read(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    builder = Builder(_data_copy(tmp_path / "data"), tmp_path / "cache",
+                      "https://pypi.org/simple=http://127.0.0.1:9/simple", tmp_path / "wh",
+                      env=TARGET)  # fmt: skip
+    result = builder.run("upstream", "check", *args, check=False)
+    assert result.returncode == 1, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: ") and message in line, line
+
+
+def test_the_newest_release_has_nothing_to_move(index: dict, tmp_path: Path) -> None:
+    """Today's pin (0.5.23) against the index that holds 0.5.22 and 0.5.23: clean, nothing
+    read but the index."""
+    builder = Builder(_data_copy(tmp_path / "data"), tmp_path / "cache", index["mirror"],
+                      tmp_path / "wh", env=TARGET)  # fmt: skip
+    result = builder.run("upstream", "check", "--json")
+    report = json.loads(result.stdout)
+    assert report["ok"] and report["up_to_date"] and report["newer"] == []
+    assert report["to"] is None and report["pinned"] == "0.5.23"
+    assert not (builder.cache_dir / "mirrors").exists()
+    table = builder.run("upstream", "check").stdout
+    assert "sglang 0.5.23 is the newest release: nothing to move" in " ".join(table.split())
