@@ -353,35 +353,46 @@ def move(ctx: Context, to: str, keep_old_as: str | None = None, run_lock: bool =
     report = upstream.check(ctx, to, run_lock=False)  # the move re-locks for real below
     if not report.ok:
         return Moved(report, refused=_refusal(report, ctx.target.name))
-    assert report.release is not None and report.pins is not None
-    name = ctx.target.name
     with tempfile.TemporaryDirectory(prefix=".upstream-move-", dir=ctx.cache_dir) as tmp:
-        work = _copy_data(ctx.data_dir, Path(tmp))
-        target = load_target(work, name)
-        work_ctx = dataclasses.replace(ctx, target=target, data_dir=work)
-        kept = keep(work, target, keep_old_as) if keep_old_as else None
-        use = target.upstreams[SGLANG]
-        with progress.task(f"move the sglang series onto {report.release.version}"):
-            _, written = series_module.refresh(
-                ctx.cache_dir, name, use.fork, use.series, ctx.mirrors, report.release.version
-            )
-        if written is None:
-            raise BuilderError(
-                f"sglang: the series did not move onto {report.release.version}: run "
-                f"`builder patches refresh --target {name} --upstream sglang --onto "
-                f"{report.release.version}`"
-            )
-        _repin_flashinfer(work_ctx, report)
-        _set_requirements(target, report.pins.requirements)
-        moved = load_target(work, name)
-        locked = None
-        if run_lock:
-            locked = {}
-            for shared in upstream.sharing_targets(work, moved):
-                if shared.image.lock.is_file():
-                    locked[shared.name] = relock(dataclasses.replace(work_ctx, target=shared),
-                                                 shared)  # fmt: skip
-        changes = _changes(work, ctx.data_dir)
+        try:
+            changes, kept, locked = _move_in_copy(ctx, report, Path(tmp), keep_old_as, run_lock)
+        except BuilderError as exc:  # named by the data directory's paths, not the copy's
+            raise type(exc)(str(exc).replace(tmp, str(ctx.data_dir))) from None
     subject, message = upstream_view.commit_message(report, kept, locked)
     commit = _write_and_commit(repo, ctx.data_dir, changes, message)
     return Moved(report, commit, subject=subject, kept=kept, lock=locked)
+
+
+def _move_in_copy(
+    ctx: Context, report: Report, tmp: Path, keep_old_as: str | None, run_lock: bool
+) -> tuple[dict[str, bytes | None], str | None, dict | None]:
+    """Every step of the move on a copy of images/ and forks/: (the changed files, the kept
+    target, the locks re-resolved)."""
+    assert report.release is not None and report.pins is not None
+    name = ctx.target.name
+    work = _copy_data(ctx.data_dir, tmp)
+    target = load_target(work, name)
+    work_ctx = dataclasses.replace(ctx, target=target, data_dir=work)
+    kept = keep(work, target, keep_old_as) if keep_old_as else None
+    use = target.upstreams[SGLANG]
+    with progress.task(f"move the sglang series onto {report.release.version}"):
+        _, written = series_module.refresh(
+            ctx.cache_dir, name, use.fork, use.series, ctx.mirrors, report.release.version
+        )
+    if written is None:
+        raise BuilderError(
+            f"sglang: the series did not move onto {report.release.version}: run "
+            f"`builder patches refresh --target {name} --upstream sglang --onto "
+            f"{report.release.version}`"
+        )
+    _repin_flashinfer(work_ctx, report)
+    _set_requirements(target, report.pins.requirements)
+    moved = load_target(work, name)
+    locked = None
+    if run_lock:
+        locked = {}
+        for shared in upstream.sharing_targets(work, moved):
+            if shared.image.lock.is_file():
+                shared_ctx = dataclasses.replace(work_ctx, target=shared)
+                locked[shared.name] = relock(shared_ctx, shared)
+    return _changes(work, ctx.data_dir), kept, locked
