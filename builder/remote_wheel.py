@@ -96,6 +96,8 @@ def open_wheel(url: str, what: str) -> Iterator[zipfile.ZipFile]:
             ranges = _Ranges(url, what, int(total.group(1)), tail)
             ranges.requested = len(tail)
             source: io.IOBase = io.BufferedReader(ranges, _BLOCK)
+        elif response.status == 206:
+            raise BuilderError(f"{what}: {redact(url)} answered a range without the file's size")
         else:  # no ranges here: the whole file, once
             spooled = tempfile.TemporaryFile(prefix="builder-wheel-")  # noqa: SIM115
             for block in iter(lambda: response.read(1 << 20), b""):

@@ -394,3 +394,27 @@ def test_the_newest_release_has_nothing_to_move(index: dict, tmp_path: Path) -> 
     assert not (builder.cache_dir / "mirrors").exists()
     table = builder.run("upstream", "check").stdout
     assert "sglang 0.5.23 is the newest release: nothing to move" in " ".join(table.split())
+
+
+def test_a_wheel_is_read_whole_where_the_server_serves_no_ranges(tmp_path: Path) -> None:
+    """http.server answers a range request with the whole file (200): the wheel is read to
+    the end instead, the same member comes out (pypiserver, above, serves ranges)."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from builder.remote_wheel import open_wheel, read_member
+
+    wheel = fetch_release_file("flashinfer-python", FLASHINFER_WHEEL)
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(wheel.parent))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/{FLASHINFER_WHEEL}"
+        with open_wheel(url, "flashinfer") as archive:
+            meta = read_member(archive, "flashinfer/_build_meta.py")
+            assert read_member(archive, "flashinfer/no_such_file.py") is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert f'__git_commit__ = "{FLASHINFER_PIN["commit"]}"' in (meta or "")
