@@ -54,7 +54,17 @@ class _Version(argparse.Action):
 def build_parser() -> argparse.ArgumentParser:
     # The commands (and the Docker SDK, pygit2, rich... with them) are imported here, after a
     # no-op `builder image` has had its chance to be answered without them (builder/noop.py).
-    from builder.commands import build, check, jit, lock, patches, publish, qualify, serve
+    from builder.commands import (
+        build,
+        check,
+        jit,
+        lock,
+        patches,
+        publish,
+        qualify,
+        serve,
+        upstream,
+    )
     from builder.commands.common import EPILOG, HelpFormatter
 
     parser = _Parser(
@@ -82,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     lock.register(sub)
     publish.register(sub)
     patches.register(sub)
+    upstream.register(sub)
     jit.register(sub)
     serve.register(sub)
     check.register(sub)

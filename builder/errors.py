@@ -10,7 +10,9 @@ EXIT_CODES = {
     "timeout": 4,  # wait-ready: the deadline passed while the server was still starting
     "mismatch": 5,  # wait-ready: up, but /server_info shows other backends than asked for
     "stalled": 6,  # wait-ready: no new log line for --stall-minutes before ready
-    "drift": 7,  # patches check/refresh: the series cannot move to the new upstream unattended
+    # patches check/refresh, upstream check/move: the series (or a profile, the JIT list, the
+    # lock) cannot move to the new upstream unattended
+    "drift": 7,
     "unqualified": 8,  # qualify: a check failed or partial (the receipt says); a sweep chose none
     "unreachable": 9,  # could not check: a daemon, registry, index or remote did not answer
     "interrupted": 130,  # Ctrl-C: the cache is consistent, run the command again
@@ -25,7 +27,8 @@ exit codes:
   4    wait-ready: still starting when the deadline passed (not a crash)
   5    wait-ready: up, but /server_info shows other backends than the profile asked for
   6    wait-ready: stalled (no new log line for --stall-minutes before ready)
-  7    patches check/refresh: the series cannot move to that upstream unattended
+  7    patches check/refresh, upstream check/move: the series cannot move to that upstream
+       unattended (upstream: or a profile flag, a JIT generator, the lock needs review)
   8    qualify: a check failed (verify, start-up, correctness or throughput: see the
        receipt), or partial: verify, the backends or throughput did not run
        (--allow-partial exits 0); qualify --sweep: no profile passed every gate

@@ -332,6 +332,12 @@ def _rewritten_pin(pin_path: Path, text: str, fields: dict[str, str]) -> str:
     return written
 
 
+def rewrite_pin(pin_path: Path, fields: dict[str, str]) -> None:
+    """Set top-level `fields` of a pin.toml (comments and layout kept), atomically: a re-pin
+    with no series to move (FlashInfer's empty series)."""
+    atomic_write_text(pin_path, _rewritten_pin(pin_path, pin_path.read_text(), fields))
+
+
 def _write_series(repo, fork: Fork, series: str, ref: str, onto_commit: str, head: str) -> dict:
     """Replace the series files and the pin together; the old ones stay until both are ready."""
     commits = []

@@ -368,8 +368,15 @@ def fetch_release(
     """Another release of a release-sourced upstream, imported beside the pinned one:
     (its commit, file name, sha256)."""
     filename = release.onto_filename(fork, onto)
-    wheel, sha256 = release.download(cache_dir, fork, mirrors, what, filename)
     repo = pygit2.Repository(str(ensure_release(cache_dir, fork, mirrors, what)))
+    known = repo.references.get(f"refs/releases/{filename}")
+    if known is not None:  # imported before: taken again while the index offers the same file
+        _, offered = release._file_link(
+            mirrors.rewrite(fork.url), fork.wheel.dist_name, filename, what
+        )
+        if offered is not None and offered == release.commit_sha256(repo, str(known.target)):
+            return str(known.target), filename, offered
+    wheel, sha256 = release.download(cache_dir, fork, mirrors, what, filename)
     commit = release.import_wheel(repo, wheel, sha256)
     repo.references.create(f"refs/releases/{filename}", commit, force=True)
     return commit, filename, sha256

@@ -195,10 +195,10 @@ class Builder:
 
     def command(self, *args: str) -> list[str]:
         command, *rest = args
-        if command == "patches":  # `patches ACTION` takes the options after the action
-            command, rest = f"patches {rest[0]}", rest[1:]
+        if command in ("patches", "upstream"):  # these take the options after the action
+            command, rest = f"{command} {rest[0]}", rest[1:]
         options = [] if command == "verify" else ["--data-dir", str(self.data_dir)]
-        fetches = ("sources", "patch", "wheels", "lock", "image", "publish", "patches")
+        fetches = ("sources", "patch", "wheels", "lock", "image", "publish", "patches", "upstream")
         if command.split()[0] in fetches and command != "patches list":
             options += ["--cache-dir", str(self.cache_dir), "--mirror", self.mirror]
         if command in ("wheels", "lock", "image", "publish"):

@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 
 from builder import launch
+from builder import sglang_parser
+from builder.jit_generators import check_generators
 from builder.target import load_target
 from builder.wheelfiles import write_wheel
-from tests import sglang_flags
 from tests.conftest import REPO_ROOT, Builder, seed_cache
 from tests.services import (
     CURRENT_STACK_RUNTIME_LOCK,
@@ -136,7 +137,7 @@ def test_every_flag_a_profile_renders_is_an_option_of_sglang_0_5_23(
     """Read from the real 0.5.23 parser definition (no abbreviations: `--tp` only works
     because argparse takes prefixes); values must be among the option's choices, and
     every key the readiness check expects must be a ServerArgs field /server_info reports."""
-    options = sglang_flags.server_flags(sglang_source)
+    options = sglang_parser.server_flags(sglang_source)
     assert "--dsa-prefill-backend" in options and "--nsa-prefill-backend" not in options
     recipe = launch.resolve(
         REPO_ROOT / "images" / target / "target.toml", profile, "i@sha256:" + "0" * 64,
@@ -152,7 +153,7 @@ def test_every_flag_a_profile_renders_is_an_option_of_sglang_0_5_23(
             value = args[position + 1]
             if option.choices is not None:
                 assert value in option.choices, f"{profile}: {word} {value} not in choices"
-    fields = set(sglang_flags.server_args_fields(sglang_source))
+    fields = set(sglang_parser.server_args_fields(sglang_source))
     assert set(recipe.expect) <= fields, set(recipe.expect) - fields
 
 
@@ -166,7 +167,7 @@ def test_every_fallback_renders_options_of_sglang_0_5_23(sglang_source: Path, pr
     """What `qualify --sweep` tries once when a start stalls is a command sglang 0.5.23
     takes: the profile resolved with its fallback params, every value among its option's
     choices (tc_piecewise, the backend of the field report, is not one any more)."""
-    options = sglang_flags.server_flags(sglang_source)
+    options = sglang_parser.server_flags(sglang_source)
     assert "tc_piecewise" not in options["--cuda-graph-backend-decode"].choices
     known = launch.Profiles.of(REPO_ROOT / "images" / TARGET / "target.toml")
     params = launch.fallback_params(known, profile)
@@ -242,21 +243,20 @@ def test_the_old_stack_s_attention_workaround_is_not_in_the_current_profiles() -
 
 
 def test_every_listed_generator_exists_in_flashinfer_0_7_2() -> None:
-    """The JIT list names functions of the pinned FlashInfer (its released sdist), so the
-    image's warm-up cannot fail on a name that moved."""
+    """The JIT list names functions of the pinned FlashInfer (its released sdist), with
+    arguments they take, so the image's warm-up cannot fail on a name that moved (the check
+    `builder upstream check` runs against a new FlashInfer's wheel)."""
     sdist = fetch_sdist("flashinfer-python", FLASHINFER_PIN["version"])
     target = load_target(REPO_ROOT, TARGET)
     with tarfile.open(sdist) as archive:
         members = {Path(m.name).relative_to(Path(m.name).parts[0]).as_posix(): m
                    for m in archive.getmembers() if m.isfile() and m.name.endswith(".py")}  # fmt: skip
-        for generator in target.jit_modules:
-            module, function = generator.split("(")[0].split(":")
-            path = module.replace(".", "/") + ".py"
-            if path not in members:
-                path = module.replace(".", "/") + "/__init__.py"
-            tree = ast.parse(archive.extractfile(members[path]).read())
-            defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
-            assert function in defined, f"{generator}: no {function} in {path}"
+
+        def read(path: str) -> str | None:
+            return archive.extractfile(members[path]).read().decode() if path in members else None
+
+        checks = check_generators(target.jit_modules, read)
+    assert [c.generator for c in checks if c.status != "present"] == [], checks
 
 
 def _record_ok(wheel: Path) -> None:

@@ -1,5 +1,7 @@
 """List the command-line options of sglang's ``launch_server`` / ``sglang serve``
-from the sglang source tree, without importing sglang (stdlib ``ast`` only).
+from the sglang source tree, without importing sglang (stdlib ``ast`` only): what
+``builder upstream check`` holds each launch profile against, for the pinned release and
+the next one (it was tests/sglang_flags.py).
 
 Written against sglang 0.5.23, where the parser is built like this
 (paths relative to the ``sglang`` package directory):
@@ -37,7 +39,9 @@ import builtins
 import dataclasses
 import pathlib
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
+
+from builder.errors import BuilderError
 
 __all__ = [
     "ExtractionError",
@@ -49,7 +53,7 @@ __all__ = [
 ]
 
 
-class ExtractionError(RuntimeError):
+class ExtractionError(BuilderError):
     """The source tree does not have the shape this extractor understands."""
 
 
@@ -130,37 +134,64 @@ _STR_METHODS = {"lower", "upper", "replace", "strip"}
 _ENUM_BASES = {"enum.Enum", "enum.IntEnum", "enum.StrEnum", "enum.Flag", "enum.IntFlag"}
 
 
-class _Tree:
-    """Parsed modules of one sglang package directory."""
+class PackageFiles(Protocol):
+    """The ``sglang`` package's files by path relative to it (``srt/server_args.py``):
+    a folder, or a release's files read where they are (a git tree, an archive)."""
 
-    def __init__(self, package_dir: pathlib.Path):
-        self.package_dir = pathlib.Path(package_dir)
+    def is_file(self, relative: str) -> bool: ...
+
+    def read(self, relative: str) -> str: ...
+
+
+class _Folder:
+    def __init__(self, path: pathlib.Path):
+        self.path = pathlib.Path(path)
+
+    def is_file(self, relative: str) -> bool:
+        return (self.path / relative).is_file()
+
+    def read(self, relative: str) -> str:
+        return (self.path / relative).read_text(encoding="utf-8")
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
+def _package(package: pathlib.Path | PackageFiles) -> PackageFiles:
+    if isinstance(package, pathlib.PurePath | str):
+        return _Folder(pathlib.Path(package))
+    return package
+
+
+class _Tree:
+    """Parsed modules of one sglang package."""
+
+    def __init__(self, package: pathlib.Path | PackageFiles):
+        self.files = _package(package)
         self.top = "sglang"
         self._ast: dict[str, ast.Module] = {}
         self._bindings: dict[str, dict[str, ast.AST]] = {}
 
     # -- modules -----------------------------------------------------------
-    def path_of(self, module: str) -> pathlib.Path | None:
+    def path_of(self, module: str) -> str | None:
         parts = module.split(".")
         if parts[0] != self.top:
             return None
-        base = self.package_dir.joinpath(*parts[1:])
-        for cand in (base.with_suffix(".py"), base / "__init__.py"):
-            if cand.is_file():
+        base = "/".join(parts[1:])
+        for cand in (f"{base}.py", f"{base}/__init__.py".lstrip("/")):
+            if self.files.is_file(cand):
                 return cand
         return None
 
     def rel(self, module: str, line: int) -> str:
-        path = self.path_of(module)
-        rel = path.relative_to(self.package_dir).as_posix() if path else module
-        return f"{rel}:{line}"
+        return f"{self.path_of(module) or module}:{line}"
 
     def module_ast(self, module: str) -> ast.Module:
         if module not in self._ast:
             path = self.path_of(module)
             if path is None:
                 raise _Unresolvable(f"module {module} not in the source tree")
-            self._ast[module] = ast.parse(path.read_text(encoding="utf-8"), str(path))
+            self._ast[module] = ast.parse(self.files.read(path), path)
         return self._ast[module]
 
     def is_internal(self, module: str) -> bool:
@@ -244,7 +275,7 @@ class _Evaluator:
             return _ModRef(mod) if self.tree.is_internal(mod) else _Ext(mod)
         if kind == "from":
             _, module, node, orig = b
-            is_pkg = (self.tree.path_of(module) or pathlib.Path("x.py")).name == "__init__.py"
+            is_pkg = (self.tree.path_of(module) or "x.py").rsplit("/", 1)[-1] == "__init__.py"
             src = _resolve_relative(module, node, is_pkg)
             if not self.tree.is_internal(src):
                 return _Ext(f"{src}.{orig}")
@@ -548,8 +579,8 @@ class _Registry:
         for opt in option_strings:
             if opt in self.flags:
                 raise ExtractionError(
-                    f"option {opt} registered twice ({self.flags[opt].origin} and {kw.get('origin')}); "
-                    "argparse would raise a conflict"
+                    f"option {opt} registered twice ({self.flags[opt].origin} and "
+                    f"{kw.get('origin')}); argparse would raise a conflict"
                 )
         for opt in option_strings:
             self.flags[opt] = Flag(option=opt, option_strings=tuple(option_strings), **kw)
@@ -926,8 +957,8 @@ def _walk_add_cli_args(
                             target.extend(vals)
                     continue
                 raise ExtractionError(
-                    f"unrecognised statement in add_cli_args at {ev.tree.rel(module, stmt.lineno)}: "
-                    f"{ast.unparse(stmt)[:80]}"
+                    "unrecognised statement in add_cli_args at "
+                    f"{ev.tree.rel(module, stmt.lineno)}: {ast.unparse(stmt)[:80]}"
                 )
             elif isinstance(stmt, (ast.Pass,)) or (
                 isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
@@ -935,14 +966,14 @@ def _walk_add_cli_args(
                 continue
             else:
                 raise ExtractionError(
-                    f"unrecognised statement in add_cli_args at {ev.tree.rel(module, stmt.lineno)}: "
-                    f"{type(stmt).__name__}"
+                    "unrecognised statement in add_cli_args at "
+                    f"{ev.tree.rel(module, stmt.lineno)}: {type(stmt).__name__}"
                 )
 
     run(fn.body, False)
 
 
-def parser_settings(package_dir: pathlib.Path) -> dict[str, Any]:
+def parser_settings(package_dir: pathlib.Path | PackageFiles) -> dict[str, Any]:
     """Keywords of the ``argparse.ArgumentParser(...)`` call in ``prepare_server_args``."""
     tree = _Tree(package_dir)
     mod = tree.module_ast(SERVER_ARGS_MODULE)
@@ -961,21 +992,22 @@ def parser_settings(package_dir: pathlib.Path) -> dict[str, Any]:
     raise ExtractionError("prepare_server_args / ArgumentParser not found")
 
 
-def server_flags(package_dir: pathlib.Path) -> dict[str, Flag]:
+def server_flags(package_dir: pathlib.Path | PackageFiles) -> dict[str, Flag]:
     """Every option string ``launch_server`` accepts, mapped to a ``Flag``.
 
-    ``package_dir`` is the ``sglang`` package folder (the one holding ``srt/``).
+    ``package_dir`` is the ``sglang`` package folder (the one holding ``srt/``), or
+    its files as ``PackageFiles``.
     Keys include aliases, ``--no-...`` forms of BooleanOptionalAction options,
     and ``-h``/``--help``. Abbreviations (argparse ``allow_abbrev``) are not
     keys; use ``match_option`` for those.
     """
-    package_dir = pathlib.Path(package_dir)
-    if not (package_dir / "srt" / "server_args.py").is_file():
-        raise ExtractionError(f"{package_dir} does not hold srt/server_args.py")
-    tree = _Tree(package_dir)
+    files = _package(package_dir)
+    if not files.is_file("srt/server_args.py"):
+        raise ExtractionError(f"{files} does not hold srt/server_args.py")
+    tree = _Tree(files)
     ev = _Evaluator(tree)
     reg = _Registry()
-    settings = parser_settings(package_dir)
+    settings = parser_settings(files)
     if settings.get("add_help", True):
         reg.add(
             ["-h", "--help"],
@@ -993,14 +1025,14 @@ def server_flags(package_dir: pathlib.Path) -> dict[str, Flag]:
     return dict(sorted(reg.flags.items()))
 
 
-def server_args_fields(package_dir: pathlib.Path) -> list[str]:
+def server_args_fields(package_dir: pathlib.Path | PackageFiles) -> list[str]:
     """Names of all ServerArgs fields (CLI or not), in declaration order.
 
     ``GET /server_info`` reports each of them (``ServerArgs.resolved_dict``,
     srt/server_args.py), plus ``launch_command``, the scheduler handshake keys,
     ``kv_events``, ``startup_time``, ``internal_states``, ``version``, ``frontend``.
     """
-    tree = _Tree(pathlib.Path(package_dir))
+    tree = _Tree(package_dir)
     ev = _Evaluator(tree)
     names: list[str] = []
 
