@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import launch
-from builder import sglang_parser
+from builder import launch, sglang_parser
 from builder.jit_generators import check_generators
 from builder.target import load_target
 from builder.wheelfiles import write_wheel
