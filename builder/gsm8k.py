@@ -23,14 +23,12 @@ from __future__ import annotations
 import json
 import random
 import re
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlencode
 
-from builder import progress
+from builder import http_client, progress
 from builder.errors import BuilderError, Unreachable
 
 ROWS_API = "https://datasets-server.huggingface.co/rows"
@@ -141,20 +139,17 @@ def _rows(split: str, count: int) -> list[Item]:
         query = {"dataset": DATASET, "config": "main", "split": split,
                  "offset": len(items), "length": min(PAGE, count - len(items))}  # fmt: skip
         url = f"{ROWS_API}?{urlencode(query)}"
-        request = urllib.request.Request(url, headers={"User-Agent": "builder-qualify"})
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                page = json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            busy = exc.code >= 500 or exc.code == 429  # the hub's trouble, not ours
+        answer = http_client.get(
+            url, "GSM8K from the hub", headers={"User-Agent": "builder-qualify"}, timeout=60,
+            max_bytes=16 << 20, hint=_FIX,
+        )  # fmt: skip
+        if answer.status != 200:
+            busy = answer.status >= 500 or answer.status == 429  # the hub's trouble, not ours
             error = Unreachable if busy else BuilderError
-            raise error(f"GSM8K from the hub: {url} answered HTTP {exc.code}{_FIX}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise Unreachable(
-                f"GSM8K from the hub: no answer from {ROWS_API} ({reason}){_FIX}"
-            ) from None
-        except ValueError:
+            raise error(f"GSM8K from the hub: {url} answered HTTP {answer.status}{_FIX}")
+        try:
+            page = json.loads(answer.body)
+        except (ValueError, RecursionError):
             raise BuilderError(f"GSM8K from the hub: {url} did not answer JSON") from None
         rows = page.get("rows") if isinstance(page, dict) else None
         if not rows:

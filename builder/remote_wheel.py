@@ -16,12 +16,12 @@ import io
 import re
 import tempfile
 import urllib.error
-import urllib.request
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from builder.errors import BuilderError, Unreachable
+from builder import http_client
+from builder.errors import BuilderError
 from builder.urls import redact
 
 _TIMEOUT_S = 60
@@ -30,17 +30,14 @@ _BLOCK = 1 << 18  # later reads, in blocks: a member's header and data take one 
 _TOTAL = re.compile(r"bytes \d+-\d+/(\d+)")
 
 
+@contextmanager
 def _get(url: str, what: str, byte_range: str | None):
     headers = {"Range": f"bytes={byte_range}"} if byte_range else {}
     try:
-        return urllib.request.urlopen(
-            urllib.request.Request(url, headers=headers), timeout=_TIMEOUT_S
-        )
+        with http_client.open_url(url, what, headers=headers, timeout=_TIMEOUT_S) as response:
+            yield response
     except urllib.error.HTTPError as exc:
         raise BuilderError(f"{what}: {redact(url)} answered {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise Unreachable(f"{what}: cannot read {redact(url)} ({reason})") from None
 
 
 class _Ranges(io.RawIOBase):

@@ -199,7 +199,7 @@ def test_gsm8k_from_the_hub_refuses_truncated_rows_and_says_when_it_is_unreachab
     with pytest.raises(BuilderError, match="GSM8K test row 0: the rows API truncated it"):
         gsm8k.load("hub", 3)
     monkeypatch.setattr(gsm8k, "ROWS_API", f"http://127.0.0.1:{free_port()}/rows")
-    with pytest.raises(Unreachable, match=r"no answer from .*; give --gsm8k FILE"):
+    with pytest.raises(Unreachable, match=r"GSM8K from the hub: cannot read .*; give --gsm8k FILE"):
         gsm8k.load("hub", 3)
 
 
