@@ -1,7 +1,8 @@
 """A fuzz pass over what builder reads from outside: data files a site edits (pin.toml,
 target.toml, profiles.toml), what a registry hands back (an image's launch label), what a
 server answers (/server_info), receipts and a sweep's chosen.json read back (`--compare`,
-`deploy-files --profile chosen`); kernel packs and entry tars in tests/test_kernel_entries.py. Each starts from the real file or answer and changes one
+`deploy-files --profile chosen`), a kernel pack copied from a VM, a kernel entry tar as the
+kernel-builder container reads it. Each starts from the real file or answer and changes one
 value at a time to another type, shape or text (hypothesis, a bounded number of examples
 each): builder must answer with its own one-line error (BuilderError) or work, never with
 a traceback, and never read without bound.
@@ -12,6 +13,7 @@ a traceback, and never read without bound.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import shutil
@@ -264,3 +266,95 @@ def test_a_sweep_s_chosen_json(tmp_path_factory, doc: dict) -> None:
         sweep.receipts_in(folder)
 
     _refused_or_fine(use)
+
+
+_PACK = {
+    "schema_version": 2,
+    "flashinfer_version": "0.7.2+sm120.g104a5bf",
+    "arch": "120f",
+    "origin": "container sglang-glm5 on vm-1",
+    "modules": {
+        "fp4_gemm_cutlass_sm120": "flashinfer.jit.gemm:gen_gemm_sm120_module_cutlass_fp4()",
+        "silu_and_mul": None,
+    },
+}
+
+
+@FUZZ
+@given(record=_mutated(_PACK))
+def test_a_kernel_pack(tmp_path_factory, record: dict) -> None:
+    """A pack `jit harvest` wrote on a VM and someone copied into the build host's cache:
+    read by `builder image` (packs_for, harvested_modules); a bad one is moved aside."""
+    from builder.kernels import packs
+
+    folder = tmp_path_factory.mktemp("packs")
+    try:
+        name = f"flashinfer-x-y-{packs._record_key(record)}{packs.PACK_SUFFIX}"
+    except (TypeError, ValueError):  # a record JSON cannot hold: not a file anyone can write
+        return
+    (folder / name).write_text(json.dumps(record))
+
+    def use() -> None:
+        found = packs.packs_for(folder, _PACK["flashinfer_version"], ("12.0f",))
+        packs.harvested_modules(found)
+
+    _refused_or_fine(use)
+
+
+@functools.cache
+def _warmup():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "jit_warmup_fuzzed", REPO_ROOT / "images/sm120/jit_warmup.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_ENTRY = {
+    "schema_version": 1, "name": "silu_and_mul", "lookup": "a" * 64, "key": "b" * 64,
+    "sha256": "c" * 64, "inputs": {"csrc/activation.cu": "d" * 64},
+}  # fmt: skip
+
+
+@FUZZ
+@given(
+    record=_mutated(_ENTRY),
+    library=st.binary(max_size=64),
+    shape=st.sampled_from(["plain", "no-so", "so-is-a-link", "json-is-a-folder", "not-a-tar"]),
+)
+def test_a_kernel_entry_tar(tmp_path_factory, record: dict, library: bytes, shape: str) -> None:
+    """An entry tar as the kernel-builder container reads it (images/sm120/jit_warmup.py):
+    any content is an entry or a reason, never a crash of the warm-up."""
+    import io
+    import tarfile
+
+    warmup = _warmup()
+    folder = tmp_path_factory.mktemp("entry")
+    path = folder / "x.kernel.tar"
+    if shape == "not-a-tar":
+        path.write_bytes(library or b"x")
+    else:
+        with tarfile.open(path, "w") as tar:
+            body = json.dumps(record).encode()
+            info = tarfile.TarInfo("entry.json")
+            if shape == "json-is-a-folder":
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(body)
+                tar.addfile(info, io.BytesIO(body))
+            if shape == "so-is-a-link":
+                link = tarfile.TarInfo("silu_and_mul.so")
+                link.type, link.linkname = tarfile.SYMTYPE, "/etc/shadow"
+                tar.addfile(link)
+            elif shape != "no-so":
+                so = tarfile.TarInfo("silu_and_mul.so")
+                so.size = len(library)
+                tar.addfile(so, io.BytesIO(library))
+    found, _, why = warmup.read_entry(path, "silu_and_mul", None, ["csrc/activation.cu"])
+    assert (found is None) == bool(why)
+    if shape != "plain":
+        assert found is None

@@ -140,7 +140,10 @@ def test_a_sweep_retries_a_capture_hang_on_its_fallback_and_chooses_what_passed(
     assert "NCCL" not in attempt["message"], "a capture hang is not an NCCL stall"
     assert attempt["fallback"]["params"] == [["cuda_graph_backend_decode", "breakable"]]
     assert "backend=full" in (out / "hangs-then-falls-back" / attempt["log"]).read_text()
-    assert hung["startup"]["state"] == "ready" and hung["result"]["ok"], hung["result"]
+    # Standing with --allow-partial: every check that ran passed, verify could not (the
+    # stand-in image is no builder image), and the receipt says so.
+    assert hung["startup"]["state"] == "ready", hung["result"]
+    assert (hung["result"]["failed_at"], hung["result"]["verdict"]) == (None, "partial")
     assert ["cuda_graph_backend_decode", "breakable"] in hung["server"]["params"]
     gates = {g["name"]: g for g in hung["gates"]}
     assert {n: g["status"] for n, g in gates.items()} == {

@@ -225,6 +225,9 @@ def pack_record(path: Path) -> dict:
         raise BuilderError(f"{path}: not a kernel pack ({exc})") from None
     if not isinstance(record, dict) or record.get("schema_version") != PACK_SCHEMA:
         raise BuilderError(f"{path}: not a kernel pack of schema {PACK_SCHEMA}")
+    for field in ("flashinfer_version", "arch", "origin"):
+        if not isinstance(record.get(field), str):
+            raise BuilderError(f"{path}: not a kernel pack (its {field} is not a string)")
     return record
 
 
