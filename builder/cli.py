@@ -133,6 +133,21 @@ def _command_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 _argv: list[str] = []
 
 
+# The build host's commands, and the modules of the `build` extra they import: a GPU VM's
+# install (launch, deploy-files, doctor, wait-ready, verify, qualify, jit harvest) has none.
+BUILD_COMMANDS = ("sources", "patch", "wheels", "image", "lock", "publish", "patches", "upstream")
+BUILD_MODULES = ("pygit2", "build", "uv", "cyclonedx", "cryptography", "tomlkit", "twine")
+
+
+def _build_side_missing(args: argparse.Namespace) -> list[str]:
+    import importlib.util
+
+    keygen = args.command == "jit" and getattr(args, "jit_command", None) == "keygen"
+    if args.command not in BUILD_COMMANDS and not keygen:
+        return []
+    return [name for name in BUILD_MODULES if importlib.util.find_spec(name) is None]
+
+
 def main(argv: list[str] | None = None) -> int:
     global _json_asked
     arguments = sys.argv[1:] if argv is None else list(argv)
@@ -149,6 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(arguments)
     args.argv = arguments
+    missing = _build_side_missing(args)
+    if missing:
+        message = (
+            f"builder {args.command} runs on a build host: this install lacks {', '.join(missing)}"
+            " (a GPU VM's `pip install builder` leaves them out); pip install 'builder[build]'"
+        )
+        print(f"error: {message}", file=sys.stderr)
+        if getattr(args, "json", False):
+            print_json({"error": message, "exit_code": EXIT_CODES["error"]}, ok=False)
+        return EXIT_CODES["error"]
     progress.set_quiet(args.quiet)
     args.debug = getattr(args, "debug", False) or args.verbose
     try:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import functools
 import hashlib
 from pathlib import Path
-
-import pygit2
+from typing import TYPE_CHECKING
 
 from builder import __version__
+
+if TYPE_CHECKING:
+    import pygit2
 
 PACKAGE = Path(__file__).resolve().parent
 
@@ -28,7 +30,12 @@ def code_key(*modules: str) -> str:
 
 
 def checkout(path: Path) -> pygit2.Repository | None:
-    """The git repository with a work tree that `path` is in, or None."""
+    """The git repository with a work tree that `path` is in, or None (also where pygit2, a
+    build host's dependency, is not installed: a GPU VM's builder is no checkout)."""
+    try:
+        import pygit2
+    except ImportError:
+        return None
     found = pygit2.discover_repository(str(path))
     if found is None:
         return None
@@ -44,6 +51,8 @@ def builder_identity() -> dict:
     if repo is None or repo.head_is_unborn:
         return unknown
     package = PACKAGE.relative_to(Path(repo.workdir).resolve()).as_posix() + "/"
+    import pygit2
+
     if f"{package}__init__.py" not in repo.head.peel(pygit2.Tree):
         return unknown  # installed inside some other checkout: not builder's own history
     status = pygit2.enums.FileStatus

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import docker
 from docker.errors import APIError, ImageNotFound, NotFound
@@ -20,10 +21,12 @@ from docker.errors import APIError, ImageNotFound, NotFound
 from builder import docker_client, launch, progress, registry
 from builder.errors import BuilderError
 from builder.identity import builder_identity
-from builder.patches import ForkResult
 from builder.target import Fork, Target
 from builder.urls import redact
-from builder.wheels import BuiltWheel, patched_lines
+
+if TYPE_CHECKING:  # the build side's (pygit2, build): a GPU VM reads recipes without them
+    from builder.patches import ForkResult
+    from builder.wheels import BuiltWheel
 
 # Every label builder puts on an image starts with this.
 LABEL_PREFIX = "io.builder."
@@ -49,6 +52,8 @@ def build_recipe(
     wheels: dict[str, BuiltWheel],
     jit_modules: tuple[str, ...],
 ) -> dict:
+    from builder.wheels import patched_lines
+
     return {
         **launch_facts(target),  # schema_version, target, profiles
         "upstreams": {

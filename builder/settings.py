@@ -20,6 +20,10 @@ CACHE_ENV = "BUILDER_CACHE_DIR"
 DATA_ENV = "BUILDER_DATA_DIR"
 MIRRORS_ENV = "BUILDER_MIRRORS"
 CONFIG_ENV = "BUILDER_CONFIG"
+# The kernel registry's keys (builder/kernels/trust.py), named here for help texts that must
+# not import cryptography (a GPU VM's builder has no need of it).
+SIGNING_KEY_ENV = "BUILDER_KERNEL_SIGNING_KEY"
+TRUSTED_KEYS_ENV = "BUILDER_KERNEL_TRUSTED_KEYS"
 
 
 def config_file() -> Path:

@@ -3,6 +3,7 @@ not an editable checkout."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -84,3 +85,44 @@ def test_builder_s_own_wheel_is_named_by_its_sources_and_made_the_same_twice(
     with zipfile.ZipFile(first.path) as archive:
         init = archive.read("builder/__init__.py").decode()
     assert f'__version__ = "{first.version}"' in init
+
+
+VM_COMMANDS = ("launch", "deploy-files", "doctor", "wait-ready", "verify", "qualify", "jit harvest")
+
+
+def test_the_gpu_vm_install_is_small_and_runs_every_vm_command(tmp_path: Path) -> None:
+    """`pip install builder` on a GPU VM: the VM's commands and nothing of the build host's
+    (pygit2, build, uv, cyclonedx ... are the `build` extra). Installed from the wheel into a
+    fresh venv with its dependencies from the index, as an operator would."""
+    wheel = self_wheel.build(tmp_path / "wheel").path
+    venv = tmp_path / "vm"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    uv = Path(sys.executable).parent / "uv"
+    subprocess.run(
+        [str(uv), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(wheel)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    listed = subprocess.run(
+        [str(uv), "pip", "list", "--python", str(venv / "bin" / "python"), "--format", "json"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    packages = {p["name"].lower() for p in json.loads(listed)}
+    assert "builder" in packages and not packages & {"pygit2", "build", "uv", "cryptography"}
+    assert len(packages) <= 15, sorted(packages)
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    size = sum(p.stat().st_size for p in site.rglob("*") if p.is_file())
+    assert size <= 30 << 20, f"{size / (1 << 20):.1f} MB"
+    builder_cli = venv / "bin" / "builder"
+    for command in VM_COMMANDS:
+        shown = subprocess.run(
+            [str(builder_cli), *command.split(), "--help"], capture_output=True, text=True
+        )
+        assert shown.returncode == 0 and f"usage: builder {command}" in shown.stdout, shown.stderr
+    # A build host's command says what to install, in one line (not a traceback).
+    refused = subprocess.run(
+        [str(builder_cli), "image", "--target", "sm120"], capture_output=True, text=True,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.startswith("error: builder image runs on a build host: this install")
+    assert "pip install 'builder[build]'" in refused.stderr

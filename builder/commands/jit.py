@@ -13,7 +13,12 @@ from builder.commands.common import (
 )
 from builder.errors import BuilderError
 from builder.lazy import lazy_module
-from builder.settings import resolve_cache_dir, resolve_data_dir
+from builder.settings import (
+    SIGNING_KEY_ENV,
+    TRUSTED_KEYS_ENV,
+    resolve_cache_dir,
+    resolve_data_dir,
+)
 from builder.target import load_target
 
 docker_client = lazy_module("builder.docker_client")
@@ -95,8 +100,8 @@ def cmd_jit_keygen(args: argparse.Namespace) -> None:
     lines = [
         f"wrote {private} (mode 0600: keep it on the hosts that share kernels, never in git)",
         f"wrote {public}",
-        f"every build host: export {kernel_trust.TRUSTED_KEYS_ENV}={public}",
-        f"hosts that share new kernels: export {kernel_trust.SIGNING_KEY_ENV}={private}",
+        f"every build host: export {TRUSTED_KEYS_ENV}={public}",
+        f"hosts that share new kernels: export {SIGNING_KEY_ENV}={private}",
     ]
     emit(args, result, lines)
 
@@ -153,8 +158,8 @@ def register(sub) -> None:
         "keygen",
         help="make the ed25519 key pair that signs the kernels build hosts share",
         description="A kernel registry (--kernel-registry) is used only with trusted keys: "
-        f"entries are signed with {kernel_trust.SIGNING_KEY_ENV} (a PEM file) and taken only "
-        f"when one of {kernel_trust.TRUSTED_KEYS_ENV} (a file, one public key a line) "
+        f"entries are signed with {SIGNING_KEY_ENV} (a PEM file) and taken only "
+        f"when one of {TRUSTED_KEYS_ENV} (a file, one public key a line) "
         "verifies them. Writes kernel-signing.key (0600) and kernel-signing.pub; never "
         "overwrites.\n\nexample: builder jit keygen --out /etc/builder",
     )

@@ -35,10 +35,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from builder.cache import partial_beside, read_limited
 from builder.errors import BuilderError
-from builder.settings import kernel_host_key
+from builder.settings import SIGNING_KEY_ENV, TRUSTED_KEYS_ENV, kernel_host_key
 
-SIGNING_KEY_ENV = "BUILDER_KERNEL_SIGNING_KEY"
-TRUSTED_KEYS_ENV = "BUILDER_KERNEL_TRUSTED_KEYS"
 _MAX_KEY_FILE = 64 << 10  # a key file is small; a larger one is a mistake
 
 
