@@ -125,34 +125,31 @@ def _real(path: str) -> dict:
     return tomllib.loads((REPO_ROOT / path).read_text())
 
 
-@FUZZ
-@given(document=_mutated(_real("forks/sglang/pin.toml")))
-def test_pin_toml(data: Path, document: dict) -> None:
+def _read_as(data: Path, relative: str, document: dict, read) -> None:
+    """`document` written as the data copy's file `relative`, `read` run on the copy, the
+    file put back."""
     text = _toml(document)
     if text is None:
         return
-    path = data / "forks/sglang/pin.toml"
+    path = data / relative
     original = path.read_text()
     path.write_text(text)
     try:
-        _refused_or_fine(lambda: load_fork(data, "sglang"))
+        _refused_or_fine(read)
     finally:
         path.write_text(original)
+
+
+@FUZZ
+@given(document=_mutated(_real("forks/sglang/pin.toml")))
+def test_pin_toml(data: Path, document: dict) -> None:
+    _read_as(data, "forks/sglang/pin.toml", document, lambda: load_fork(data, "sglang"))
 
 
 @FUZZ
 @given(document=_mutated(_real("images/sm120/target.toml")))
 def test_target_toml(data: Path, document: dict) -> None:
-    text = _toml(document)
-    if text is None:
-        return
-    path = data / "images/sm120/target.toml"
-    original = path.read_text()
-    path.write_text(text)
-    try:
-        _refused_or_fine(lambda: load_target(data, "sm120"))
-    finally:
-        path.write_text(original)
+    _read_as(data, "images/sm120/target.toml", document, lambda: load_target(data, "sm120"))
 
 
 def _every_profile(profiles: launch.Profiles) -> None:
@@ -165,16 +162,12 @@ def _every_profile(profiles: launch.Profiles) -> None:
 @FUZZ
 @given(document=_mutated(_real("images/sm120/profiles.toml")))
 def test_profiles_toml(data: Path, document: dict) -> None:
-    text = _toml(document)
-    if text is None:
-        return
-    path = data / "images/sm120/profiles.toml"
-    original = path.read_text()
-    path.write_text(text)
-    try:
-        _refused_or_fine(lambda: _every_profile(launch.Profiles.of(data / "images/sm120/x")))
-    finally:
-        path.write_text(original)
+    _read_as(
+        data,
+        "images/sm120/profiles.toml",
+        document,
+        lambda: _every_profile(launch.Profiles.of(data / "images/sm120/x")),
+    )
 
 
 def _launch_label() -> dict:
