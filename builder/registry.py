@@ -56,11 +56,28 @@ def _redact(message: str) -> str:
     return message.replace(password, "***") if password else message
 
 
-def push(client: docker.DockerClient, local_reference: str, repository: str) -> dict:
-    """Push `local_reference` as `repository:<same tag>`; return its reference by digest."""
+def push(
+    client: docker.DockerClient,
+    local_reference: str,
+    repository: str,
+    human_tags: tuple[str, ...] = (),
+) -> dict:
+    """Push `local_reference` as `repository:<same tag>` (the input tag), then under each of
+    `human_tags` (`--tag release-3`: the same digest); return its reference by digest."""
     if ":" in repository.rsplit("/", 1)[-1] or "@" in repository:
         raise BuilderError(f"--push {repository}: give REGISTRY/REPO without a tag or digest")
     tag = local_reference.rsplit(":", 1)[1]
+    pushed = _push_tag(client, local_reference, repository, tag)
+    for human in human_tags:
+        again = _push_tag(client, local_reference, repository, human)
+        if again["digest"] != pushed["digest"]:  # one image, one manifest: never seen, checked
+            raise BuilderError(
+                f"push to {repository}:{human} gave {again['digest']}, not {pushed['digest']}"
+            )
+    return {**pushed, "tags": [tag, *human_tags]}
+
+
+def _push_tag(client: docker.DockerClient, local_reference: str, repository: str, tag: str) -> dict:
     image = client.images.get(local_reference)
     image.tag(repository, tag)
     digest = None

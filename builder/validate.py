@@ -97,6 +97,16 @@ def image_reference(flag: str, value: str) -> str:
     return value
 
 
+def human_tag(flag: str, value: str) -> str:
+    """A tag a person chooses (`--tag release-3`): docker's tag rule."""
+    if not _TAG.match(value):
+        raise BuilderError(
+            f"{flag} {_shown(value)}: not an image tag (letters, digits, '_', '.', '-'; "
+            "at most 128, not starting with '.' or '-')"
+        )
+    return value
+
+
 def server_url(what: str, value: str) -> str:
     """A server root, `http(s)://HOST:PORT` (the readiness stages add their own paths)."""
     parts = _http_parts(value)

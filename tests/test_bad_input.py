@@ -265,6 +265,8 @@ def test_patch_that_breaks_python_syntax_never_reaches_the_wheelhouse(builder: B
         (["image", "--push", "UPPER/Case"], "--push UPPER/Case: not a valid image repository"),
         (["image", "--push", "registry.example/ml/x:v1"], "without a tag or digest"),
         (["image", "--push", "reg.example/x@sha256:00"], "without a tag or digest"),
+        (["image", "--tag", "rc-1"], "--tag rc-1: needs --push REGISTRY/REPO"),
+        (["image", "--push", "reg.example/x", "--tag", ".bad"], "--tag .bad: not an image tag"),
         (["deploy-files", "--out", "/proc/nope"], "--out /proc/nope: cannot create or write it"),
         (["wait-ready", "localhost:30000"], "expected http://HOST:PORT"),
         (["launch", "--bind", "all"], "--bind all: not an IP address"),

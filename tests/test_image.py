@@ -238,12 +238,18 @@ def test_push_with_auth_then_pull_by_digest(
 ) -> None:
     builder, image, _ = built
     repository = f"{registry}/ml/sglang-sm120"
-    args = image_args(test_base, runtime_index, "--push", repository, "--json")
+    args = image_args(test_base, runtime_index, "--push", repository, "--tag", "rc-1", "--json")
     result = builder.run(*args, env=REGISTRY_ENV)
     assert REGISTRY_PASSWORD not in result.stdout + result.stderr
     pushed = json.loads(result.stdout)["image"]["pushed"]
     assert pushed["digest"].startswith("sha256:")
     assert pushed["reference"] == f"{repository}@{pushed['digest']}"
+    # The human tag beside the input tag: the same image, read back from the registry.
+    assert pushed["tags"] == [pushed["tag"], "rc-1"]
+    docker_client.images.remove(f"{repository}:rc-1")
+    docker_client.login(REGISTRY_USER, REGISTRY_PASSWORD, registry=registry)
+    assert docker_client.images.pull(repository, tag="rc-1").id == image["image_id"]
+    docker_client.images.remove(f"{repository}:rc-1")
 
     docker_client.images.remove(f"{repository}:{pushed['tag']}")
     docker_client.login(REGISTRY_USER, REGISTRY_PASSWORD, registry=registry)

@@ -200,6 +200,10 @@ def cmd_image(args: argparse.Namespace) -> None:
     check_publish_args(args)
     if args.push:
         validate.repository("--push", args.push)
+    for human in args.tag:
+        if not args.push:
+            raise BuilderError(f"--tag {human}: needs --push REGISTRY/REPO (a tag of what?)")
+        validate.human_tag("--tag", human)
     if args.save_context:
         image.check_save_context(Path(args.save_context))
     plain = not (
@@ -273,7 +277,7 @@ def cmd_image(args: argparse.Namespace) -> None:
             image_plan = image.plan(client, target, forks, wheels, options)
     wheels = {**wheels, "kernels": into_wheelhouse(result.kernel_wheel, wheelhouse_dir(args, ctx))}
     if args.push:
-        result.pushed = registry.push(client, result.reference, args.push)
+        result.pushed = registry.push(client, result.reference, args.push, tuple(args.tag))
     publish_error = None
     try:
         published, own_wheel = publish_wheels(args, wheels, ctx.cache_dir)
@@ -378,6 +382,11 @@ def register(sub) -> None:
     image_cmd.add_argument(
         "--push", metavar="REGISTRY/REPO", help="push the image there and print its digest"
     )
+    image_cmd.add_argument(
+        "--tag", action="append", default=[], metavar="NAME",
+        help="with --push: also push the image as REGISTRY/REPO:NAME (e.g. a release name; "
+        "the input tag is always pushed; the manifest records both, one digest)",
+    )  # fmt: skip
     image_cmd.add_argument(
         "--allow-dirty",
         action="store_true",
