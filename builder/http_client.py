@@ -31,6 +31,7 @@ from builder.errors import BuilderError, Unreachable
 from builder.urls import redact
 
 AUTHORIZATION = "Authorization"
+_CREDENTIAL_HEADERS = ("Authorization", "Proxy-Authorization", "Cookie")
 
 
 class RedirectRefused(urllib.error.URLError):
@@ -51,8 +52,15 @@ class _SameOriginCredentials(urllib.request.HTTPRedirectHandler):
         if urlsplit(req.full_url).scheme == "https" and urlsplit(newurl).scheme != "https":
             raise RedirectRefused(f"redirect from https to {redact(newurl)} refused")
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is None:
+            return None
+        same = origin(newurl) == origin(req.full_url)
+        if not same:  # a header a caller passed that carries credentials stays home too
+            for name in _CREDENTIAL_HEADERS:
+                new.headers.pop(name.capitalize(), None)
+                new.headers.pop(name, None)
         credentials = req.unredirected_hdrs.get(AUTHORIZATION)
-        if new is not None and credentials and origin(newurl) == origin(req.full_url):
+        if credentials and same:
             new.add_unredirected_header(AUTHORIZATION, credentials)
         return new
 
@@ -91,8 +99,8 @@ def stored_credentials(url: str) -> tuple[str, str] | None:
     """The host's login from ~/.netrc ($NETRC), else from the keyring (when installed and it
     has one); never an error: a broken store is the same as none."""
     host = (urlsplit(url).hostname or "").lower()
-    try:
-        found = netrc.netrc(os.environ.get("NETRC") or None).authenticators(host)
+    try:  # the host's own entry only: netrc's `default` would go to any host that asks
+        found = netrc.netrc(os.environ.get("NETRC") or None).hosts.get(host)
     except (OSError, netrc.NetrcParseError):
         found = None
     if found and found[0] and found[2] is not None:
@@ -136,15 +144,18 @@ def open_url(
     follow_redirects: bool = True,
     hint: str = "",
     credentials: tuple[str, str] | None = None,
+    use_store: bool = True,
 ) -> Iterator[http.client.HTTPResponse]:
     """The open response to a 2xx answer for `url`; any other status (a 3xx too, when
     redirects are not followed) raises urllib's HTTPError, for the caller to read.
     Unreachable, with `what` and the redacted URL, when no answer came. `credentials`
-    (user, password) go as Basic to the URL's origin, as those written in the URL would."""
+    (user, password) go as Basic to the URL's origin, as those written in the URL would;
+    `use_store=False` never asks netrc or the keyring (a server under test, a redirect's
+    storage host: no stored login is theirs)."""
     bare, in_url = split_credentials(url)
     credentials = credentials or in_url
     opener = _FOLLOWING if follow_redirects else NO_REDIRECTS
-    asked_store = credentials is not None
+    asked_store = credentials is not None or not use_store
     while True:
         try:
             response = opener.open(_request(bare, headers, data, credentials), timeout=timeout)
@@ -177,19 +188,30 @@ def get(
     follow_redirects: bool = True,
     hint: str = "",
     credentials: tuple[str, str] | None = None,
+    use_store: bool = True,
 ) -> Answer:
     """The whole answer, HTTP error statuses included (a 404 is an answer, not an error);
     a body longer than `max_bytes` is refused before more is read."""
     try:
         with open_url(
-            url, what, headers=headers, timeout=timeout,
-            follow_redirects=follow_redirects, hint=hint, credentials=credentials,
+            url, what, headers=headers, timeout=timeout, follow_redirects=follow_redirects,
+            hint=hint, credentials=credentials, use_store=use_store,
         ) as response:  # fmt: skip
             body = response.read(max_bytes + 1)
             status, answer_headers, where = response.status, response.headers, response.url
     except urllib.error.HTTPError as exc:
-        body = exc.read(max_bytes + 1) if exc.fp is not None else b""
+        try:
+            body = exc.read(max_bytes + 1) if exc.fp is not None else b""
+        except (OSError, http.client.HTTPException) as broken:
+            raise Unreachable(f"{what}: {redact(url)} broke off its answer ({broken})") from None
         status, answer_headers, where = exc.code, exc.headers, exc.url
+    except (OSError, http.client.HTTPException) as exc:  # the connection broke mid-answer
+        raise Unreachable(f"{what}: {redact(url)} broke off its answer ({exc}){hint}") from None
     if len(body) > max_bytes:
         raise BuilderError(f"{what}: {redact(url)} answered more than {max_bytes} bytes")
+    declared = (answer_headers.get("Content-Length") or "").strip() if answer_headers else ""
+    if declared.isdigit() and len(body) < int(declared):  # read(n) returns what came
+        raise Unreachable(
+            f"{what}: {redact(url)} broke off its answer ({len(body)} of {declared} bytes){hint}"
+        )
     return Answer(status, answer_headers, split_credentials(where)[0], body)

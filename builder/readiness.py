@@ -58,7 +58,9 @@ NO_REDIRECTS = http_client.NO_REDIRECTS  # a redirect is an answer: the key goes
 def _get(url: str, timeout: float, api_key: str | None = None) -> tuple[int, bytes]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        answer = http_client.get(url, url, headers=headers, timeout=timeout, follow_redirects=False)
+        answer = http_client.get(
+            url, url, headers=headers, timeout=timeout, follow_redirects=False, use_store=False
+        )
     except BuilderError:  # no answer (Unreachable) or one too large: not there yet
         return 0, b""
     return answer.status, answer.body

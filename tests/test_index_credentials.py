@@ -279,3 +279,59 @@ def test_every_line_builder_prints_shows_urls_without_their_credentials(capsys) 
     printed = capsys.readouterr().err
     assert TOKEN not in printed
     assert "https://mirror.internal/x.git" in printed and "token=***" in printed
+
+
+def test_a_netrc_default_login_goes_to_no_host_and_a_server_under_test_gets_none(
+    servers, tmp_path: Path, monkeypatch
+) -> None:
+    """netrc's `default` entry would answer for any host; and a server under test (wait-ready)
+    is never sent a stored login, whatever the store holds for its host."""
+    first, _, _ = servers
+    netrc = tmp_path / "netrc"
+    netrc.write_text(f"default login {USER} password {TOKEN}\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    assert http_client.stored_credentials(f"{first}/x") is None
+    netrc.write_text(f"machine 127.0.0.1 login {USER} password {TOKEN}\n")
+
+    class Challenge(_Recorder):
+        def do_GET(self) -> None:
+            self.seen.append((self.path, self.headers.get("Authorization")))
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="x"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    answer_401 = _Recorder.do_GET
+    _Recorder.do_GET = Challenge.do_GET
+    try:
+        asked = http_client.get(f"{first}/index", "index")
+        tested = http_client.get(f"{first}/server_info", "server", use_store=False)
+    finally:
+        _Recorder.do_GET = answer_401
+    assert asked.status == tested.status == 401
+    sent = [auth for path, auth in _Recorder.seen if path == "/index"]
+    assert sent == [None, http_client.basic(USER, TOKEN)]  # asked, then the host's own login
+    assert [auth for path, auth in _Recorder.seen if path == "/server_info"] == [None]
+
+
+def test_a_broken_off_answer_is_unreachable_not_a_traceback() -> None:
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def answer_then_reset() -> None:
+        connection, _ = listener.accept()
+        connection.recv(4096)
+        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\npartial")
+        connection.close()
+
+    threading.Thread(target=answer_then_reset, daemon=True).start()
+    from builder.errors import Unreachable
+
+    with pytest.raises(Unreachable, match="broke off its answer"):
+        http_client.get(f"http://127.0.0.1:{listener.getsockname()[1]}/x", "server")
+    listener.close()
