@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -136,7 +137,37 @@ def load(path: Path) -> dict:
         and isinstance(record.get("settings"), dict)
     ):
         raise BuilderError(f"P2P record {path}: gpu_uuids, topology_sha256 or settings missing")
+    problem = _settings_problem(record["settings"])
+    if problem:
+        raise BuilderError(f"P2P record {path}: {problem}; rerun builder doctor --p2p")
     return record
+
+
+_NCCL_KEY = re.compile(r"NCCL_[A-Z0-9_]{1,60}")
+
+
+def _settings_problem(settings: dict) -> str | None:
+    """What in a record's settings builder would not have written. The record sits on the
+    cache volume the server's container mounts read-write: what it sets in the server's
+    environment is limited to NCCL_* variables with printable values."""
+    nccl, pcie_ar = settings.get("nccl"), settings.get("pcie_ar")
+    if not isinstance(nccl, dict) or not isinstance(pcie_ar, dict):
+        return "settings.nccl and settings.pcie_ar must be objects"
+    given, unset = nccl.get("set", {}), nccl.get("unset", [])
+    if not isinstance(given, dict) or not isinstance(unset, list):
+        return "settings.nccl.set must be an object, settings.nccl.unset a list"
+    for key in [*given, *unset]:
+        if not (isinstance(key, str) and _NCCL_KEY.fullmatch(key)):
+            return f"settings.nccl names {str(key)[:40]!r}, not an NCCL_* variable"
+    for value in given.values():
+        if not (isinstance(value, str) and value.isprintable() and len(value) <= 200):
+            return "settings.nccl.set holds a value that is not one printable line"
+    if not isinstance(pcie_ar.get("allowed"), bool):
+        return "settings.pcie_ar.allowed must be true or false"
+    for why in (nccl.get("why", ""), pcie_ar.get("why", "")):
+        if not (isinstance(why, str) and why.isprintable()):
+            return "a settings 'why' is not one printable line"
+    return None
 
 
 def stale_because(record: dict, machine: Machine) -> str | None:

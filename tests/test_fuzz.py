@@ -103,6 +103,16 @@ def _toml(document: dict) -> str | None:
         return None
 
 
+def _exit_code(argv: list[str]) -> int:
+    """builder's CLI in this process, as its console script ends: the exit code."""
+    from builder import cli
+
+    try:
+        return cli.main(argv)
+    except SystemExit as done:  # a command's own verdict (a failed check: 1)
+        return done.code if isinstance(done.code, int) else 1
+
+
 def _refused_or_fine(call) -> None:
     try:
         call()
@@ -223,14 +233,12 @@ def _measured_receipt() -> dict:
 def test_receipts_compared(tmp_path_factory, receipt: dict) -> None:
     """`qualify --compare` over receipts (one as written, one changed): the CLI's answer is
     0 or a one-line error (1), never an internal error (2)."""
-    from builder import cli
-
     folder = tmp_path_factory.mktemp("compare")
     (folder / "a").mkdir()
     (folder / "b").mkdir()
     (folder / "a" / "receipt.json").write_text(json.dumps(_measured_receipt()))
     (folder / "b" / "receipt.json").write_text(json.dumps(receipt))
-    code = cli.main(
+    code = _exit_code(
         [
             "qualify",
             "--compare",
@@ -351,3 +359,20 @@ def test_a_kernel_entry_tar(tmp_path_factory, record: dict, library: bytes, shap
     assert (found is None) == bool(why)
     if shape != "plain":
         assert found is None
+
+
+_PROBE = json.loads((REPO_ROOT / "tests/data/p2p/healthy-8x-rtx-pro-6000/probe.json").read_text())
+
+
+@FUZZ
+@given(probe=_mutated(_PROBE))
+def test_a_p2p_probe_document(tmp_path_factory, probe: dict) -> None:
+    """What `doctor --p2p` reads back from the probe in the image (or --probe-result FILE):
+    judged, or one line; never an internal error (2)."""
+    folder = tmp_path_factory.mktemp("probe")
+    (folder / "probe.json").write_text(json.dumps(probe))
+    code = _exit_code([
+        "doctor", "--p2p", "--probe-result", str(folder / "probe.json"), "--target", "sm120",
+        "--data-dir", str(REPO_ROOT), "--sglang-cache", str(folder / "cache"), "--json",
+    ])  # fmt: skip
+    assert code in (0, 1, 9)

@@ -90,8 +90,16 @@ def run(args: argparse.Namespace, recipe, tp: int) -> None:
     else:
         image = _image(args)
         probe = _probe_in_image(args, image, nccl_env)
-    analysis = p2p.analyse(probe, facts, recipe.env, tp)
-    record, note = _record(probe, facts, analysis, cache_dir, image, recipe.profile)
+    try:  # the document comes from python3 inside the image, or a file: not believed blind
+        if not isinstance(probe, dict):
+            raise TypeError("not a JSON object")
+        analysis = p2p.analyse(probe, facts, recipe.env, tp)
+        record, note = _record(probe, facts, analysis, cache_dir, image, recipe.profile)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
+        raise BuilderError(
+            f"the probe's answer is not what builder's probe writes ({type(exc).__name__}: "
+            f"{str(exc)[:80]!r}); run the probe of this builder version"
+        ) from None
     result = {
         "findings": [check.to_json() for check in analysis.checks],
         **{k: v for k, v in analysis.to_json().items() if k != "checks"},
