@@ -46,7 +46,13 @@ class _Version(argparse.Action):
         if identity["commit"]:
             where = f"commit {identity['commit'][:12]}" + (", dirty" if identity["dirty"] else "")
         else:
-            where = "no git checkout: the version names its sources"
+            import importlib.util
+
+            where = (
+                "commit unknown: pygit2, of the build extra, is not installed"
+                if importlib.util.find_spec("pygit2") is None
+                else "no git checkout: the version names its sources"
+            )
         print(f"builder {identity['version']} ({where})")
         parser.exit(0)
 

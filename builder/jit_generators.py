@@ -12,6 +12,8 @@ import ast
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from builder.errors import BuilderError
+
 # path inside the source ("flashinfer/jit/mla.py") -> its text, or None when absent
 SourceReader = Callable[[str], str | None]
 _MAX_HOPS = 4  # re-exports followed from the named module
@@ -67,7 +69,10 @@ def find_function(read: SourceReader, module: str, name: str) -> ast.FunctionDef
                 break
         if text is None:
             return None
-        tree = ast.parse(text)
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError) as exc:  # a release in newer Python than this one
+            raise BuilderError(f"{path}: cannot be read by this Python ({exc})") from None
         for node in tree.body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
                 return node  # type: ignore[return-value]

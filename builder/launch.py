@@ -362,6 +362,12 @@ def resolve(
 
     volumes: list[tuple[str, str, str]] = []
     model = overrides.model or params.get("model", "")
+    operator_chose_model = bool(overrides.model) or "model" in {k for k, _ in overrides.params}
+    if is_local_model(model) and not operator_chose_model:
+        raise BuilderError(
+            f"{path}: profile '{name}': its default model {model!r} is a folder on this "
+            "machine, which a profile does not choose to mount; give --model DIR"
+        )
     if is_local_model(model):
         local = str(Path(model).expanduser())
         in_container = f"{CONTAINER_MODEL_DIR}/{Path(local).name}"

@@ -156,11 +156,16 @@ def check_speculative_settings(args: tuple[str, ...] | list[str], where: str) ->
         )
 
 
+_REVISION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,200}")
+
+
 def _hub_snapshot(model: str, revision: str, hf_cache: str) -> tuple[Path | None, str]:
     """A hub model's snapshot directory in the Hugging Face cache, or why there is none.
     The cache layout is huggingface_hub's: hub/models--ORG--NAME/{refs/BRANCH,snapshots/SHA}."""
     repo = Path(hf_cache).expanduser() / "hub" / ("models--" + model.replace("/", "--"))
     revision = revision or "main"
+    if not _REVISION_NAME.fullmatch(revision) or ".." in revision.split("/"):
+        return None, f"revision {revision!r} is not a commit or branch name"
     commit = revision
     if not _REVISION_SHA.fullmatch(revision):
         ref = repo / "refs" / revision

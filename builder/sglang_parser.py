@@ -191,7 +191,10 @@ class _Tree:
             path = self.path_of(module)
             if path is None:
                 raise _Unresolvable(f"module {module} not in the source tree")
-            self._ast[module] = ast.parse(self.files.read(path), path)
+            try:
+                self._ast[module] = ast.parse(self.files.read(path), path)
+            except (SyntaxError, ValueError) as exc:  # newer Python than this builder's
+                raise ExtractionError(f"{path}: cannot be parsed by this Python ({exc})") from None
         return self._ast[module]
 
     def is_internal(self, module: str) -> bool:

@@ -200,8 +200,16 @@ def _chosen_problem(doc: dict) -> str | None:
             return "chosen.params is not a list of [key, value]"
         if not isinstance(chosen.get("image_ref"), str | None):
             return "chosen.image_ref is not a string"
-        if not isinstance(chosen.get("image"), dict | None):
+        image = chosen.get("image")
+        if not isinstance(image, dict | None):
             return "chosen.image is not an object"
+        if image and not (
+            isinstance(image.get("reference"), str | None)
+            and isinstance(image.get("id"), str | None)
+            and isinstance(image.get("repo_digests", []), list)
+            and all(isinstance(d, str) for d in image.get("repo_digests", []))
+        ):
+            return "chosen.image's reference, id or repo_digests are not strings"
         figure = chosen.get("output_throughput")
         if isinstance(figure, bool) or not isinstance(figure, int | float):
             return "chosen.output_throughput is not a number"

@@ -506,3 +506,13 @@ def test_profile_volumes_under_the_state_folder_or_the_operator_s_own_are_mounte
     )
     with pytest.raises(BuilderError, match=r"'/' refused: .* \(or --set cache=DIR\)"):
         launch.resolve(root, "p", IMAGE, launch.Overrides())
+
+
+def test_a_recipe_s_default_model_cannot_mount_a_host_folder() -> None:
+    """A recipe whose default model is `/root/.ssh` mounted it read-only into the server."""
+    profile = {"args": ["--model-path", "{model}"], "params": {"model": "/root/.ssh"}}
+    recipe_profiles = launch.Profiles({"p": profile}, "p", "registry.example/x:recipe")
+    with pytest.raises(BuilderError, match="a profile does not choose to mount; give --model"):
+        launch.resolve(recipe_profiles, "p", IMAGE, launch.Overrides())
+    chosen = launch.resolve(recipe_profiles, "p", IMAGE, launch.Overrides(model="/data/GLM-5"))
+    assert ("/data/GLM-5", "/models/GLM-5", "ro") in chosen.volumes

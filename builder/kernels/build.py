@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import docker
+from rich.markup import escape
 
 from builder import progress
 from builder.cache import read_limited, sha256_file, staging_dir
@@ -103,7 +104,7 @@ def run_warmup(
                         raise BuilderError(f"kernel build: unreadable key line: {line}") from None
                     container.put_archive("/", _entries_then_ready(bring(lookups)))
                 elif line.startswith("jit-warmup:"):
-                    progress.info(f"  {line}")
+                    progress.info(escape(f"  {line}"))
         recent = [*recent, pending] if pending else recent
         status = container.wait()
         if status.get("StatusCode"):
@@ -113,7 +114,7 @@ def run_warmup(
             pack = first.removeprefix("kernel pack ").split(":", 1)[0]
             if first.startswith("kernel pack ") and pack in _packs_of(job):
                 if "failed to compile" in first:  # the compiler's words (the rest: shown)
-                    progress.info(f"  kernel build, last output:\n{tail}")
+                    progress.info(escape(f"  kernel build, last output:\n{tail}"))
                 raise packs.PackRefused(pack, first.split(": ", 1)[1])
             raise BuilderError(f"kernel build failed: {first}\n  last output:\n{tail}")
         out = Path(tempfile.mkdtemp(prefix="run-", dir=into))
