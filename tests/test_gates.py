@@ -14,6 +14,7 @@ import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 from typing import ClassVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -23,6 +24,7 @@ import pytest
 from builder import capture, gates, gsm8k, sweep
 from builder.errors import BuilderError, Unreachable
 from builder.qualify import Server
+from tests.conftest import REPO_ROOT
 from tests.services import free_port, wait_for
 
 STANDIN = Path(__file__).with_name("standin_sglang.py")
@@ -496,3 +498,34 @@ def test_a_partial_receipt_stands_in_a_sweep_only_with_allow_partial() -> None:
         [{"what": "GPU state", "why": "NVML"}, {"what": "compiled at start-up", "why": "-"}],
     )
     assert fine["verdict"] == "qualified" and fine["ok"] is True
+
+
+def test_a_profile_the_sweep_cannot_start_falls_and_the_others_are_still_chosen(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A `docker run` refused for one profile ended the whole sweep with no chosen.json.
+    The start is the engine's (tests/test_sweep.py); here it is replaced, to fail for one
+    profile and to hand back a receipt qualify wrote on the lent H200 for the other."""
+    import argparse
+
+    from builder.commands import qualify_sweep
+
+    measured = json.loads((REPO_ROOT / "bench/results/sweep-h200/sweep-gpu.json").read_text())[
+        "runs"
+    ]["standin-mtp"]["receipt"]
+
+    def start(args, name, known, plan, folder):
+        if name == "broken":
+            raise BuilderError("docker run: image not found")
+        return measured
+
+    monkeypatch.setattr(qualify_sweep, "_qualify_one", start)
+    plan = SimpleNamespace(concurrency=[1, 32])
+    args = argparse.Namespace(choose_at=32, json=True, allow_partial=False)
+    qualify_sweep.run(args, plan, tmp_path, ["broken", "good"], known=None)
+    chosen = json.loads((tmp_path / "chosen.json").read_text())
+    assert chosen["chosen"]["profile"] == "good"
+    fell = {p["profile"]: (p["stands"], p["fell_at"], p["why"]) for p in chosen["profiles"]}
+    assert fell["broken"] == (False, "start", "docker run: image not found")
+    assert json.loads((tmp_path / "broken" / "receipt.json").read_text())["result"]["ok"] is False
+    assert "broken: docker run: image not found" in capsys.readouterr().err

@@ -15,8 +15,8 @@ from builder import launch, progress, sweep, validate
 from builder.cache import atomic_write_text
 from builder.commands import qualify as qualify_command
 from builder.commands.common import print_json
-from builder.errors import EXIT_CODES
-from builder.receipt_views import plot_compare
+from builder.errors import EXIT_CODES, BuilderError
+from builder.receipt_views import RECEIPT_SCHEMA, plot_compare
 
 
 def _with_params(args: argparse.Namespace, name: str, params) -> argparse.Namespace:
@@ -76,12 +76,32 @@ def _qualify_one(args, name: str, known: launch.Profiles, plan, folder: Path) ->
     return qualify_command.start_and_qualify(retry, plan, folder, earlier).receipt
 
 
+def _not_started(name: str, why: str, folder: Path) -> dict:
+    """The receipt of a profile the sweep could not start (docker run refused, its image or
+    checkpoint not right): no check ran, and it says why."""
+    receipt = {
+        "schema": RECEIPT_SCHEMA,
+        "server": {"profile": name, "params": [], "image": None},
+        "startup": None,
+        "gates": [],
+        "not_checked": [{"what": "everything", "why": why}],
+        "throughput": None,
+        "result": {"ok": False, "failed_at": "start", "message": why, "verdict": "not qualified"},
+    }
+    atomic_write_text(folder / "receipt.json", json.dumps(receipt, indent=2, sort_keys=True) + "\n")
+    return receipt
+
+
 def run(args: argparse.Namespace, plan, out: Path, names: list[str], known) -> None:
     swept = []
     for name in names:
         folder = validate.writable_dir("--out", str(out / name))
         progress.info(escape(f"sweep: profile {name} ({len(swept) + 1} of {len(names)})"))
-        receipt = _qualify_one(args, name, known, plan, folder)
+        try:
+            receipt = _qualify_one(args, name, known, plan, folder)
+        except BuilderError as exc:  # this profile could not start: the others still run
+            progress.warn(f"{name}: {exc}")
+            receipt = _not_started(name, str(exc), folder)
         swept.append(sweep.Swept(name, receipt, f"{name}/receipt.json"))
         stands, fell, why = sweep.standing(receipt, args.allow_partial)
         progress.info(escape(f"{name}: " + ("stands" if stands else f"FAIL {fell}: {why}")))
