@@ -151,7 +151,8 @@ def _build_side_missing(args: argparse.Namespace) -> list[str]:
     keygen = args.command == "jit" and getattr(args, "jit_command", None) == "keygen"
     if args.command not in BUILD_COMMANDS and not keygen:
         return []
-    return [name for name in BUILD_MODULES if importlib.util.find_spec(name) is None]
+    needed = ("cryptography",) if keygen else BUILD_MODULES
+    return [name for name in needed if importlib.util.find_spec(name) is None]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,6 +60,14 @@ def local_command(args: list[str], python: str = sys.executable) -> list[str]:
     return [python, str(probe_file()), *args]
 
 
+def _stop(process: subprocess.Popen, container: str | None) -> None:
+    process.kill()
+    process.wait()
+    if container:  # named by us a moment ago: ours to remove
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(["docker", "rm", "-f", container], capture_output=True, timeout=60)
+
+
 def _no_document(why: str) -> dict:
     return {"probe": "builder-p2p", "cuda": False, "error": why}
 
@@ -82,7 +90,7 @@ def run(
         try:
             process = subprocess.Popen(
                 command, stdout=stdout, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                text=True,
+                text=True, errors="replace",
             )  # fmt: skip
         except FileNotFoundError:
             return _no_document(f"{command[0]}: not found")
@@ -91,14 +99,11 @@ def run(
         try:
             code = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            if container:  # named by us a moment ago: ours to remove
-                with contextlib.suppress(OSError, subprocess.SubprocessError):
-                    subprocess.run(
-                        ["docker", "rm", "-f", container], capture_output=True, timeout=60
-                    )
+            _stop(process, container)
             return _no_document(f"the probe gave no answer within {timeout_s:g} s")
+        except BaseException:  # Ctrl-C, or anything else: no probe left holding the GPUs
+            _stop(process, container)
+            raise
         finally:
             reader.join(timeout=5)
         stdout.seek(0)

@@ -482,7 +482,7 @@ def _fallback(args) -> str:
     if not params:
         return f"; profile {launched.recipe.profile} declares no fallback"
     given = " ".join(f"--set {key}={value}" for key, value in params)
-    why = launch.flattened(launched.profiles, launched.recipe.profile)["fallback"].get("why")
+    why = launch.fallback_why(launched.profiles, launched.recipe.profile)
     return f"; its fallback: {given}" + (f" ({why})" if why else "")
 
 

@@ -59,7 +59,7 @@ def _qualify_one(args, name: str, known: launch.Profiles, plan, folder: Path) ->
     hung_log = folder / "server-graph-capture-hang.log"
     if (folder / "server.log").exists():
         (folder / "server.log").replace(hung_log)
-    why = launch.flattened(known, name)["fallback"].get("why") or "no why given"
+    why = launch.fallback_why(known, name) or "no why given"
     given = " ".join(f"--set {key}={value}" for key, value in fallback)
     progress.info(
         escape(f"{name}: graph-capture hang; once more with its fallback {given} ({why})")
