@@ -192,9 +192,17 @@ def test_the_workflow_runs_the_check_the_move_and_the_project_s_tests() -> None:
     steps = workflow["jobs"]["check"]["steps"]
     runs = "\n".join(step.get("run", "") for step in steps)
     assert "builder upstream check" in runs and "--json" in runs
-    assert "builder upstream move" in runs and "scripts/upstream_github.py pr" in runs
+    assert "builder upstream move" in runs and "push --force" not in runs
+    assert "git ls-remote --exit-code --heads origin" in runs  # an existing move is left alone
     assert "scripts/upstream_github.py issue --label upstream-review" in runs
     test = workflow["jobs"]["test"]
     assert test["needs"] == "check"
     assert test["steps"][-1]["run"].endswith("bash .ci/run")
+    assert test["permissions"] == {"contents": "read"}
+    assert test["steps"][0]["with"]["persist-credentials"] is False
+    # The pull request only after the project's tests passed on the move.
+    pull = workflow["jobs"]["pull-request"]
+    assert pull["needs"] == ["check", "test"]
+    assert "scripts/upstream_github.py pr" in "\n".join(s.get("run", "") for s in pull["steps"])
+    assert workflow["permissions"] == {"contents": "read"}
     assert (REPO_ROOT / ".ci/run").read_text().strip().endswith("./scripts/test")
