@@ -14,6 +14,7 @@ The probes and the long-context needle (builder/qualify.py) are gates of this li
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import statistics
@@ -185,10 +186,22 @@ def speculative(command: Sequence[str] | None, server_info: dict) -> bool:
     return "--speculative-algorithm" in flags or bool(server_info.get("speculative_algorithm"))
 
 
+def _number(value: object) -> float | None:
+    """A figure a server reported, or None for anything that is not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value if math.isfinite(value) else None
+
+
 def acceptance(details: Sequence[dict]) -> dict:
     """Over the replies sglang described (tokenizer_manager.py:3138-3176): accepted length =
     completion tokens per verify step (the bonus token counted), acceptance rate = accepted
     drafts / proposed drafts, both pooled over the replies."""
+    details = [
+        {key: _number(value) for key, value in d.items() if key.startswith("spec_")}
+        for d in details
+        if isinstance(d, dict)
+    ]
     steps = sum(d.get("spec_verify_ct") or 0 for d in details)
     tokens = sum(
         (d.get("spec_accept_length") or 0) * (d.get("spec_verify_ct") or 0) for d in details

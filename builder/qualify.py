@@ -134,10 +134,16 @@ class Server:
             text = answer["choices"][0]["message"]["content"] or ""
         except (KeyError, IndexError, TypeError):
             raise QualifyError("POST /v1/chat/completions: no choices in the answer") from None
-        details = (answer.get("sglext") or {}).get("spec_tokens_details")
+        if not isinstance(text, str):
+            raise QualifyError("POST /v1/chat/completions: the answer's content is not text")
+        extension = answer.get("sglext") if isinstance(answer, dict) else None
+        details = extension.get("spec_tokens_details") if isinstance(extension, dict) else None
         if self.spec_details is not None and isinstance(details, dict):
             self.spec_details.append(details)  # list.append: safe from the gates' threads
-        return text, int((answer.get("usage") or {}).get("prompt_tokens") or 0)
+        usage = answer.get("usage")
+        prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else 0
+        numeric = isinstance(prompt_tokens, int | float) and not isinstance(prompt_tokens, bool)
+        return text, int(prompt_tokens) if numeric and prompt_tokens >= 0 else 0
 
 
 def served_model(server: Server) -> tuple[str, int | None]:

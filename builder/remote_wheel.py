@@ -27,6 +27,7 @@ from builder.urls import redact
 _TIMEOUT_S = 60
 _TAIL = 1 << 16  # the first request: the end of the file (the zip's table of contents)
 _BLOCK = 1 << 18  # later reads, in blocks: a member's header and data take one request
+_WHOLE_LIMIT = 2 << 30  # a wheel read whole (no ranges): FlashInfer's is 65 MB
 _TOTAL = re.compile(r"bytes \d+-\d+/(\d+)")
 
 
@@ -74,7 +75,7 @@ class _Ranges(io.RawIOBase):
             with _get(self.url, self.what, f"{self.position}-{end - 1}") as response:
                 if response.status != 206:
                     raise BuilderError(f"{self.what}: {redact(self.url)} stopped serving ranges")
-                data = response.read()
+                data = response.read(end - self.position)  # a server's extra bytes: not read
             self.requested += len(data)
         if not data:
             return 0
@@ -89,7 +90,7 @@ def open_wheel(url: str, what: str) -> Iterator[zipfile.ZipFile]:
     with _get(url, what, f"-{_TAIL}") as response:
         total = _TOTAL.match(response.headers.get("Content-Range", ""))
         if response.status == 206 and total:
-            tail = response.read()
+            tail = response.read(_TAIL)
             ranges = _Ranges(url, what, int(total.group(1)), tail)
             ranges.requested = len(tail)
             source: io.IOBase = io.BufferedReader(ranges, _BLOCK)
@@ -99,6 +100,12 @@ def open_wheel(url: str, what: str) -> Iterator[zipfile.ZipFile]:
             spooled = tempfile.TemporaryFile(prefix="builder-wheel-")  # noqa: SIM115
             for block in iter(lambda: response.read(1 << 20), b""):
                 spooled.write(block)
+                if spooled.tell() > _WHOLE_LIMIT:
+                    spooled.close()
+                    raise BuilderError(
+                        f"{what}: {redact(url)} serves no ranges and is over "
+                        f"{_WHOLE_LIMIT >> 20} MiB: not read"
+                    )
             spooled.seek(0)
             source = spooled  # closed below, with the archive
     try:

@@ -62,6 +62,8 @@ def redact(url: str) -> str:
     )
 
 
+# `scheme://…@` inside free text, up to the authority's last `@`.
+_USERINFO_IN_TEXT = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s]*@")
 # A URL inside free text: up to the first space, quote or bracket that cannot be in it.
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()]+")
 
@@ -69,4 +71,5 @@ _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()]+")
 def scrub(text: str) -> str:
     """`text` with every URL in it redacted: the last guard before a message is printed or
     recorded, for a message that quotes a URL some library handed back."""
+    text = _USERINFO_IN_TEXT.sub(r"\1", text)  # first: a password with a quote or space in it
     return _URL_IN_TEXT.sub(lambda match: redact(match.group(0)), text)
