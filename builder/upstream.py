@@ -174,7 +174,7 @@ def _pinned_versions(requirements: list[Requirement]) -> dict[str, str]:
     return pins
 
 
-def target_requirements(target: Target, new: dict[str, str], flashinfer: str) -> list[dict]:
+def target_requirements(target: Target, new: dict[str, str], flashinfer: str | None) -> list[dict]:
     """The target's [image] requirements as the new release pins them: each `name==X` the
     release pins too becomes its version (flashinfer-cubin follows FlashInfer's); the rest
     stay as written."""
@@ -462,8 +462,11 @@ def check(ctx: Context, to: str | None = None, run_lock: bool = True) -> Report:
     new_pins = _pinned_versions(new_requires)
     flashinfer_version = new_pins.get(canonicalize_name(FLASHINFER_DIST))
     flashinfer = _flashinfer(ctx, index, flashinfer_version, report)
+    pinned_flashinfer = target.upstreams.get(FLASHINFER)
     requirements = target_requirements(
-        target, new_pins, flashinfer_version or target.upstreams[FLASHINFER].fork.version
+        target,
+        new_pins,
+        flashinfer_version or (pinned_flashinfer.fork.version if pinned_flashinfer else None),
     )
     cuda = _cuda(new_requires, target)
     if not cuda["ok"]:

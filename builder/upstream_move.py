@@ -314,14 +314,14 @@ def _write_and_commit(
                     )
                 )
         tree = index.write_tree(repo)
-    except BaseException:
+        try:
+            signature = repo.default_signature
+        except (KeyError, pygit2.GitError):
+            signature = pygit2.Signature(*AUTHOR)
+        commit = repo.create_commit("HEAD", signature, signature, message, tree, [head.id])
+    except BaseException:  # the files go back as HEAD has them: nothing half-done
         _restore(repo, data_dir, changes, head)
         raise
-    try:
-        signature = repo.default_signature
-    except (KeyError, pygit2.GitError):
-        signature = pygit2.Signature(*AUTHOR)
-    commit = repo.create_commit("HEAD", signature, signature, message, tree, [head.id])
     repo.index.read()
     for path, relative in paths.items():
         if changes[path] is None:

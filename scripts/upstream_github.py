@@ -55,12 +55,25 @@ def _call(method: str, path: str, body: dict | None = None, query: dict | None =
     )
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
-            return json.loads(response.read() or b"null")
+            answer = response.read()
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")[:200]
         raise Failed(f"{method} {path}: {exc.code} {exc.reason} {detail}".strip()) from None
     except (urllib.error.URLError, OSError) as exc:
         raise Failed(f"{method} {path}: {getattr(exc, 'reason', exc)}") from None
+    try:
+        return json.loads(answer or b"null")
+    except ValueError:
+        raise Failed(f"{method} {path}: the answer is not JSON") from None
+
+
+def _open_numbers(found, path: str) -> list[int]:
+    """The numbers of what a list call found (GitHub answers a list of objects)."""
+    if not isinstance(found, list) or not all(
+        isinstance(entry, dict) and isinstance(entry.get("number"), int) for entry in found
+    ):
+        raise Failed(f"GET {path}: not a list of numbered items")
+    return [entry["number"] for entry in found]
 
 
 def _repository() -> tuple[str, str]:
@@ -73,10 +86,12 @@ def _repository() -> tuple[str, str]:
 
 def pull_request(branch: str, base: str, title: str, body: str) -> dict:
     owner, name = _repository()
-    found = _call("GET", f"/repos/{owner}/{name}/pulls",
-                  query={"head": f"{owner}:{branch}", "state": "open"})  # fmt: skip
+    listed = f"/repos/{owner}/{name}/pulls"
+    found = _open_numbers(
+        _call("GET", listed, query={"head": f"{owner}:{branch}", "state": "open"}), listed
+    )
     if found:
-        number = found[0]["number"]
+        number = found[0]
         return _call("PATCH", f"/repos/{owner}/{name}/pulls/{number}",
                      {"title": title, "body": body})  # fmt: skip
     return _call("POST", f"/repos/{owner}/{name}/pulls",
@@ -85,11 +100,15 @@ def pull_request(branch: str, base: str, title: str, body: str) -> dict:
 
 def issue(label: str, title: str, body: str) -> dict:
     owner, name = _repository()
-    found = _call("GET", f"/repos/{owner}/{name}/issues",
-                  query={"labels": label, "state": "open"})  # fmt: skip
-    found = [entry for entry in found or [] if "pull_request" not in entry]
+    listed = f"/repos/{owner}/{name}/issues"
+    answer = _call("GET", listed, query={"labels": label, "state": "open"})
+    if isinstance(answer, list):  # GitHub lists pull requests among issues: not those
+        answer = [
+            entry for entry in answer if not isinstance(entry, dict) or "pull_request" not in entry
+        ]
+    found = _open_numbers(answer, listed)
     if found:
-        number = found[0]["number"]
+        number = found[0]
         return _call("PATCH", f"/repos/{owner}/{name}/issues/{number}",
                      {"title": title, "body": body})  # fmt: skip
     return _call("POST", f"/repos/{owner}/{name}/issues",
@@ -117,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, Failed) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(result.get("html_url", ""))
+    print(result.get("html_url", "") if isinstance(result, dict) else "")
     return 0
 
 
