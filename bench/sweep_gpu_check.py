@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.gpu_state_check import _free_port, _load  # noqa: E402
 from builder import gpu_state, sweep  # noqa: E402
+from tests.standin_sglang import write_gsm8k_questions  # noqa: E402
 
 LEVELS = "1,32"
 PROFILES = {
@@ -44,19 +45,6 @@ PROFILES = {
     },
     "standin-wrong-gsm8k": {"GSM8K_WRONG_FRACTION": "0.25"},
 }
-
-
-def _gsm8k_file(path: Path, count: int) -> Path:
-    """Questions of GSM8K's shape the stand-in reads (no data shipped, none fetched)."""
-    with path.open("w") as out:
-        for n in range(count):
-            a, b = 3 + 7 * n, 11 + 5 * n
-            question = (
-                f"Ann has {a} marbles and finds {b} more. How many marbles does Ann have now?"
-            )
-            answer = f"Ann has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} marbles.\n#### {a + b}"
-            out.write(json.dumps({"question": question, "answer": answer}) + "\n")
-    return path
 
 
 def _qualify(name: str, env: dict[str, str], questions: Path, out: Path) -> dict:
@@ -94,7 +82,7 @@ def main() -> int:
     if not described["available"]:
         print(f"no GPU telemetry: {described['why']}", file=sys.stderr)
         return 1
-    questions = _gsm8k_file(args.out / "gsm8k.jsonl", 24)
+    questions = write_gsm8k_questions(args.out / "gsm8k.jsonl", 24)
     stop, tflops = threading.Event(), {}
     loader = threading.Thread(target=_load, args=(stop, tflops), daemon=True)
     loader.start()

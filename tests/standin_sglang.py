@@ -59,6 +59,22 @@ ANSWERS = {  # what a working model says to builder qualify's probes
 }
 
 
+def write_gsm8k_questions(path, count: int):
+    """A jsonl file of questions in GSM8K's format and of the shape `chat_answer` solves
+    (no data shipped, none fetched): for the tests' and the GPU bench's GSM8K gate."""
+    names = ["Ann", "Bo", "Cy", "Di", "Ed", "Flo", "Gus", "Hal", "Ida", "Jo", "Kim", "Lu"]
+    with open(path, "w") as out:
+        for n in range(count):
+            a, b = 3 + 7 * n, 11 + 5 * n
+            name = names[n % len(names)]
+            question = (
+                f"{name} has {a} marbles and finds {b} more. How many marbles does {name} have now?"
+            )
+            answer = f"{name} has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} marbles.\n#### {a + b}"
+            out.write(json.dumps({"question": question, "answer": answer}) + "\n")
+    return path
+
+
 def chat_answer(prompt: str) -> str:
     if WRONG_TEXT:
         return "ÃÂ§ the the the ¿¿"

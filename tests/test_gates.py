@@ -26,6 +26,7 @@ from builder.errors import BuilderError, Unreachable
 from builder.qualify import Server
 from tests.conftest import REPO_ROOT
 from tests.services import free_port, wait_for
+from tests.standin_sglang import write_gsm8k_questions
 
 STANDIN = Path(__file__).with_name("standin_sglang.py")
 
@@ -262,21 +263,6 @@ def test_every_gate_is_listed_and_a_skipped_one_is_not_passed() -> None:
 # --- the gates against the stand-in server ---------------------------------------------------
 
 
-def _gsm8k_file(path: Path, count: int) -> Path:
-    """Questions of GSM8K's shape the stand-in can read (no data shipped)."""
-    names = ["Ann", "Bo", "Cy", "Di", "Ed", "Flo", "Gus", "Hal", "Ida", "Jo", "Kim", "Lu"]
-    with path.open("w") as out:
-        for n in range(count):
-            a, b = 3 + 7 * n, 11 + 5 * n
-            name = names[n % len(names)]
-            question = (
-                f"{name} has {a} marbles and finds {b} more. How many marbles does {name} have now?"
-            )
-            answer = f"{name} has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} marbles.\n#### {a + b}"
-            out.write(json.dumps({"question": question, "answer": answer}) + "\n")
-    return path
-
-
 @pytest.fixture
 def local_standin():
     started = []
@@ -310,7 +296,7 @@ def local_standin():
 
 def test_the_gates_pass_on_a_right_server(local_standin, tmp_path: Path) -> None:
     server = local_standin(SPEC_ACCEPT_LENGTH="2.5", SPEC_ACCEPT_RATE="0.5")
-    data = gsm8k.load(str(_gsm8k_file(tmp_path / "g.jsonl", 12)), 10)
+    data = gsm8k.load(str(write_gsm8k_questions(tmp_path / "g.jsonl", 12)), 10)
     ran = gates.run_all(server, "standin", seed=1, arithmetic=6, data=data, is_speculative=True)
     by_name = {g["name"]: g for g in ran}
     assert [g["name"] for g in ran] == ["arithmetic", "identical", "gsm8k", "mtp"]
@@ -328,7 +314,7 @@ def test_the_gates_pass_on_a_right_server(local_standin, tmp_path: Path) -> None
 
 def test_a_wrong_fraction_fails_gsm8k_below_its_mark(local_standin, tmp_path: Path) -> None:
     server = local_standin(GSM8K_WRONG_FRACTION="0.3")
-    data = gsm8k.load(str(_gsm8k_file(tmp_path / "g.jsonl", 20)), None)
+    data = gsm8k.load(str(write_gsm8k_questions(tmp_path / "g.jsonl", 20)), None)
     ran = gates.run_all(server, "standin", seed=1, arithmetic=2, data=data, is_speculative=False)
     scored = ran[2]
     assert scored["status"] == "failed" and scored["score"] < gsm8k.PASS_MARK

@@ -535,6 +535,20 @@ def test_qualify_through_the_images_recipe_and_its_receipt_beside_the_image(
 # No GPU and no NVIDIA container runtime here: this stands in for them in front of the real
 # docker CLI. It drops what only they can serve (--gpus all; this sandbox also refuses an
 # unlimited memlock), puts the server on the host network and gives the stand-in its answers.
+def docker_without_gpus(tmp_path: Path, monkeypatch, server_info: dict) -> Path:
+    """A folder for PATH whose `docker` is the stand-in below in front of the real CLI, the
+    stand-in server answering `server_info`."""
+    import shutil
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(_DOCKER_WITHOUT_GPUS)
+    (bin_dir / "docker").chmod(0o755)
+    monkeypatch.setenv("REAL_DOCKER", shutil.which("docker"))
+    monkeypatch.setenv("STANDIN_INFO", json.dumps(server_info))
+    return bin_dir
+
+
 _DOCKER_WITHOUT_GPUS = """#!/usr/bin/env python3
 import json, os, sys
 args = sys.argv[1:]
@@ -552,17 +566,11 @@ def test_qualify_start_launches_the_recipe_qualifies_and_removes_the_server(
 ) -> None:
     """`qualify --start`: the image's own launch recipe started with launch's docker run,
     watched through its labels, qualified, then stopped and removed."""
-    import shutil
 
     from tests.services import free_port
     from tests.test_readiness import GOOD_INFO
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "docker").write_text(_DOCKER_WITHOUT_GPUS)
-    (bin_dir / "docker").chmod(0o755)
-    monkeypatch.setenv("REAL_DOCKER", shutil.which("docker"))
-    monkeypatch.setenv("STANDIN_INFO", json.dumps(GOOD_INFO))
+    bin_dir = docker_without_gpus(tmp_path, monkeypatch, GOOD_INFO)
     port, name, out = free_port(), f"qualify-start-{free_port()}", tmp_path / "qualify"
     try:
         result = bare_builder(

@@ -20,7 +20,7 @@ import pytest
 from builder import gpu_state
 from tests.conftest import GOOD_INFO, REPO_ROOT, Builder
 from tests.services import free_port
-from tests.test_gates import _gsm8k_file
+from tests.standin_sglang import write_gsm8k_questions
 
 pytestmark = pytest.mark.docker
 
@@ -57,7 +57,7 @@ def test_a_right_server_qualifies_with_every_figure_in_the_receipt(
     result = qualify(
         builder, docker_host, url, "--container", name, *SMALL,
         "--api-key-file", key_file(tmp_path / "key", KEY), "--arithmetic", "4",
-        "--gsm8k", str(_gsm8k_file(tmp_path / "gsm8k.jsonl", 8)),
+        "--gsm8k", str(write_gsm8k_questions(tmp_path / "gsm8k.jsonl", 8)),
         "--needles", "4096,16384,65536", "--out", str(out), "--allow-partial",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr

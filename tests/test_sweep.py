@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import shutil
 import tarfile
 import uuid
 from pathlib import Path
@@ -25,8 +24,8 @@ from docker.errors import NotFound
 
 from tests.conftest import REPO_ROOT
 from tests.services import free_port
-from tests.test_gates import _gsm8k_file
-from tests.test_image_recipe import _DOCKER_WITHOUT_GPUS, bare_builder
+from tests.standin_sglang import write_gsm8k_questions
+from tests.test_image_recipe import bare_builder, docker_without_gpus
 
 pytestmark = pytest.mark.docker
 
@@ -92,14 +91,9 @@ def sweep_image(docker_client, test_base):
 def test_a_sweep_retries_a_capture_hang_on_its_fallback_and_chooses_what_passed(
     sweep_image, docker_client, docker_host, tmp_path, monkeypatch
 ) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "docker").write_text(_DOCKER_WITHOUT_GPUS)
-    (bin_dir / "docker").chmod(0o755)
-    monkeypatch.setenv("REAL_DOCKER", shutil.which("docker"))
-    monkeypatch.setenv("STANDIN_INFO", json.dumps(SERVER_INFO))
+    bin_dir = docker_without_gpus(tmp_path, monkeypatch, SERVER_INFO)
     port, name, out = free_port(), f"sweep-{free_port()}", tmp_path / "qualify"
-    questions = _gsm8k_file(tmp_path / "gsm8k.jsonl", 12)
+    questions = write_gsm8k_questions(tmp_path / "gsm8k.jsonl", 12)
     try:
         result = bare_builder(
             tmp_path, docker_host, "qualify", "--sweep", "hangs-then-falls-back,wrong-at-gsm8k",
