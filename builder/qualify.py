@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from builder.readiness import NO_REDIRECTS
+from builder.http_client import NO_REDIRECTS
 
 DSA_TOP_K = 2048  # GLM-5's sparse attention keeps this many tokens per query
 # Random prompt tokens are drawn from ids every tokenizer of this family has (GLM-5: 151k).

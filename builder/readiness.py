@@ -52,9 +52,6 @@ class Verdict:
         }
 
 
-NO_REDIRECTS = http_client.NO_REDIRECTS  # a redirect is an answer: the key goes nowhere else
-
-
 def _get(url: str, timeout: float, api_key: str | None = None) -> tuple[int, bytes]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
