@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         serve,
         upstream,
     )
-    from builder.commands.common import EPILOG, HelpFormatter
+    from builder.commands.common import EPILOG, HelpFormatter, add_global_flags
 
     parser = _Parser(
         prog="builder",
@@ -85,14 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action=_Version, nargs=0,
         help="builder's version and the git commit it runs from, then exit",
     )  # fmt: skip
-    parser.add_argument(
-        "-q", "--quiet", action="store_true",
-        help="no progress lines: only results, warnings and errors (before COMMAND)",
-    )  # fmt: skip
-    parser.add_argument(
-        "-v", "--verbose", action="store_true",
-        help="tracebacks on errors, as --debug (before COMMAND)",
-    )  # fmt: skip
+    add_global_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     build.register(sub)
     lock.register(sub)
@@ -103,7 +96,30 @@ def build_parser() -> argparse.ArgumentParser:
     serve.register(sub)
     check.register(sub)
     qualify.register(sub)
+    _global_flags_after_the_command(parser)
     return parser
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """A parser's subcommands by name ({} for a leaf)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _global_flags_after_the_command(parser: argparse.ArgumentParser) -> None:
+    """-q and -v on every command, --json on each that groups others (`builder patches
+    --json list`); a leaf's --json is its own (add_output_options), where it has a result."""
+    from builder.commands.common import JSON_HELP, add_global_flags
+
+    for child in subcommands(parser).values():
+        add_global_flags(child)
+        if subcommands(child) and "--json" not in child._option_string_actions:
+            child.add_argument(
+                "--json", action="store_true", default=argparse.SUPPRESS, help=JSON_HELP
+            )
+        _global_flags_after_the_command(child)
 
 
 def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:

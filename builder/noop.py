@@ -44,7 +44,9 @@ _VALUED = (
     "--kernel-registry", "--jit-jobs", "--manifest-dir",
 )  # fmt: skip
 _FLAGS = ("--json", "--debug", "--allow-dirty", "--network-host")
-_GLOBAL_FLAGS = ("-q", "--quiet", "-v", "--verbose")
+# Taken before or after the command, as argparse takes them (builder/cli.py).
+_QUIET = ("-q", "--quiet")
+_VERBOSE = ("-v", "--verbose")
 _DEFAULT_SOCKET = "/var/run/docker.sock"
 _DAEMON_SECONDS = 5
 _PLACEHOLDER = "<manifest written by this run>"
@@ -70,23 +72,38 @@ def _environment() -> dict[str, str]:
 
 def _split(argv: list[str]) -> tuple[bool, list[str]] | None:
     """(quiet, the image command's own arguments), or None when this is not a plain image
-    build."""
-    quiet = False
+    build. -q and -v may stand before or after `image`: they change no result, so they are
+    read and left out (a record answers with or without them); a --json before `image` is
+    the command's own --json, so `builder --json image` and `builder image --json` share
+    one record."""
+    quiet = json_first = False
     rest = list(argv)
-    while rest and rest[0] in _GLOBAL_FLAGS:
-        quiet = quiet or rest.pop(0) in ("-q", "--quiet")
+    while rest and rest[0] in (*_QUIET, *_VERBOSE, "--json"):
+        flag = rest.pop(0)
+        quiet = quiet or flag in _QUIET
+        json_first = json_first or flag == "--json"
     if not rest or rest[0] != "image":
         return None
-    arguments = rest[1:]
+    given = rest[1:]
+    arguments: list[str] = []
     index = 0
-    while index < len(arguments):
-        name, has_value, _ = arguments[index].partition("=")
+    while index < len(given):
+        word = given[index]
+        name, has_value, _ = word.partition("=")
         if name in _VALUED:
-            index += 1 if has_value else 2
+            step = 1 if has_value else 2
+            arguments += given[index : index + step]
+            index += step
+        elif word in (*_QUIET, *_VERBOSE):
+            quiet = quiet or word in _QUIET
+            index += 1
         elif name in _FLAGS and not has_value:
+            arguments.append(word)
             index += 1
         else:
             return None
+    if json_first and "--json" not in arguments:
+        arguments.append("--json")
     return quiet, arguments
 
 

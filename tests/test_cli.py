@@ -136,3 +136,61 @@ def test_a_bad_option_is_refused_before_the_pipeline_loads() -> None:
     )
     assert "--no-such-option" in result.stderr
     assert result.stdout.strip() == "[]", result.stdout
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["-q", "-v", "--json", "jit", "list"],
+        ["jit", "list", "-q", "-v", "--json"],
+        ["-q", "jit", "-v", "list", "--json"],  # on the group's parser too
+        ["--quiet", "doctor", "--verbose", "--json"],
+        ["doctor", "--json", "-qv"],
+    ],
+)
+def test_q_v_and_json_are_taken_before_or_after_the_command(words: list[str]) -> None:
+    args = build_parser().parse_args(words)
+    assert (args.quiet, args.verbose, args.json) == (True, True, True)
+
+
+@pytest.mark.parametrize("words", [["jit", "list"], ["doctor"], ["patches", "list"]])
+def test_without_the_global_flags_they_are_off_not_missing(words: list[str]) -> None:
+    args = build_parser().parse_args(words)
+    assert (args.quiet, args.verbose, args.json) == (False, False, False)
+
+
+def test_every_command_offers_q_and_v_and_says_so_in_its_help() -> None:
+    for name, parser in _commands().items():
+        shown = _options(parser)
+        assert {"-q", "-v"} <= set(shown), f"builder {name}"
+        assert "--quiet" in parser.format_help() and "--verbose" in parser.format_help()
+
+
+def test_v_after_the_command_shows_the_traceback(monkeypatch, capsys) -> None:
+    """`-v` is not only parsed after the command: main() acts on it (a traceback)."""
+    from builder import cli
+    from builder.commands import jit
+
+    def broken(args) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(jit, "cmd_jit_list", broken)
+    assert cli.main(["jit", "list", "-v"]) == 2
+    assert "Traceback" in capsys.readouterr().err
+    assert cli.main(["jit", "list"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_json_before_the_command_answers_as_after_it() -> None:
+    import json
+
+    def run(*args: str) -> tuple[int, dict]:
+        done = subprocess.run(
+            [sys.executable, "-m", "builder.cli", *args],
+            capture_output=True, text=True, cwd=REPO_ROOT,
+        )  # fmt: skip
+        return done.returncode, json.loads(done.stdout)
+
+    before = run("--json", "-q", "jit", "list", "--target", "sm120")
+    after = run("jit", "list", "--target", "sm120", "-q", "--json")
+    assert before == after and before[0] == 0 and before[1]["ok"] is True

@@ -41,9 +41,15 @@ def test_only_a_plain_image_build_is_ever_replayed(argv: list[str]) -> None:
     assert noop._split(argv) is None
 
 
-def test_global_flags_before_the_command_are_read() -> None:
+def test_global_flags_before_or_after_the_command_are_read() -> None:
     assert noop._split(["-q", "image", "--json"]) == (True, ["--json"])
     assert noop._split(["-v", "image"]) == (False, [])
+    # After the command, as argparse takes them: read, and left out of the record's key.
+    assert noop._split(["image", "--json", "-q"]) == (True, ["--json"])
+    assert noop._split(["image", "--verbose", "--target", "sm90"]) == (False, ["--target", "sm90"])
+    # --json before the command is the command's own: one record for both spellings.
+    assert noop._split(["--json", "image"]) == noop._split(["image", "--json"])
+    assert noop._split(["--json", "-q", "image", "-v"]) == (True, ["--json"])
     plain = ["image", "--target", "sm90", "--mirror=a=b", "--network-host", "--json"]
     assert noop._split(plain) == (False, plain[1:])
 

@@ -106,6 +106,21 @@ def test_doctor_without_daemon_or_registry_checks_the_rest_and_says_what_it_coul
     assert {f["check"]: f["status"] for f in answer["findings"]} == status
 
 
+def test_doctor_v_before_or_after_the_command_shows_the_passing_checks_hints(
+    tmp_path: Path,
+) -> None:
+    """`builder -v doctor` was parsed, then undone by doctor's own --verbose default: the
+    hints of passing checks (here the PCIe topology's) show with -v on either side."""
+    path = _fake_nvidia_smi(tmp_path / "bin")
+    hint = "keep NCCL_P2P_LEVEL=PHB"
+    plain = cli("doctor", "--target", "sm120", PATH=path)
+    assert plain.stdout.startswith(("ok  ", "FAIL", "SKIP")) and hint not in plain.stdout
+    before = cli("-v", "doctor", "--target", "sm120", PATH=path)
+    after = cli("doctor", "--target", "sm120", "-v", PATH=path)
+    assert hint in before.stdout, before.stdout + before.stderr
+    assert before.stdout == after.stdout and before.returncode == after.returncode
+
+
 def test_image_plan_says_first_that_it_builds_the_wheels(tmp_path: Path) -> None:
     """--plan builds no image, but the tag hashes the wheels: it says so before fetching."""
     refused = "http://127.0.0.1:9"

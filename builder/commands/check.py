@@ -10,6 +10,7 @@ from packaging.version import Version
 
 from builder.commands.common import (
     HelpFormatter,
+    add_global_flags,
     add_output_options,
     add_project_options,
     print_json,
@@ -283,7 +284,10 @@ def register(sub) -> None:
         "--container",
         help="a server container: report FlashInfer modules it compiled at start-up (0 expected)",
     )
-    doctor_cmd.add_argument("--verbose", action="store_true", help="show hints for passing checks")
+    # Its -v also shows the passing checks' hints (before or after the command, as anywhere).
+    add_global_flags(
+        doctor_cmd, verbose_help="show hints for passing checks too, and tracebacks on errors"
+    )
     p2p_options = doctor_cmd.add_argument_group("peer-to-peer (--p2p)")
     p2p_options.add_argument(
         "--p2p", action="store_true",

@@ -120,8 +120,33 @@ def add_cache_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# -q, -v and --json go before or after the command (`builder -v doctor`, `builder doctor
+# -v`). The top parser declares them with their defaults; each command declares them again
+# with default=SUPPRESS, since argparse copies every value a subcommand's parser sets over
+# the top parser's: a default there would undo `builder -v doctor`.
+QUIET_HELP = "no progress lines: only results, warnings and errors"
+VERBOSE_HELP = "tracebacks on errors, as --debug"
+JSON_HELP = "print the result as JSON on stdout"
+
+
+def add_global_flags(
+    parser: argparse.ArgumentParser, top: bool = False, verbose_help: str = VERBOSE_HELP
+) -> None:
+    """-q and -v (and, on the top parser, --json), each unless the parser has it already."""
+    default = False if top else argparse.SUPPRESS
+    taken = parser._option_string_actions
+    if "-q" not in taken:
+        parser.add_argument("-q", "--quiet", action="store_true", default=default, help=QUIET_HELP)
+    if "-v" not in taken:
+        parser.add_argument(
+            "-v", "--verbose", action="store_true", default=default, help=verbose_help
+        )
+    if top:
+        parser.add_argument("--json", action="store_true", default=default, help=JSON_HELP)
+
+
 def add_output_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=JSON_HELP)
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
 
