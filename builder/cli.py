@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         publish,
         qualify,
         serve,
+        shell,
         upstream,
     )
     from builder.commands.common import EPILOG, HelpFormatter, add_global_flags
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.register(sub)
     check.register(sub)
     qualify.register(sub)
+    shell.register(sub, parser)
     _global_flags_after_the_command(parser)
     return parser
 
@@ -125,7 +127,6 @@ def _global_flags_after_the_command(parser: argparse.ArgumentParser) -> None:
 def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
     """`; did you mean X?` for an unknown command or option, from the command's own
     choices and options (argparse suggests only from Python 3.14)."""
-    import difflib
     import re
 
     choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
@@ -138,6 +139,17 @@ def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
         if not wrong:
             return ""
         known = [o for a in _command_parser(parser)._actions for o in a.option_strings]
+    return suggestion(wrong, known)
+
+
+def suggestion(wrong: str, known: list[str]) -> str:
+    """`; did you mean X?`: the one name that `wrong` begins (`wait` for wait-ready, too
+    short for a close match), else the closest name; "" when none is near."""
+    import difflib
+
+    starting = [name for name in known if wrong and name.startswith(wrong)]
+    if len(starting) == 1:
+        return f"; did you mean {starting[0]}?"
     close = difflib.get_close_matches(wrong, known, n=1, cutoff=0.6)
     return f"; did you mean {close[0]}?" if close else ""
 
@@ -187,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(arguments)
     args.argv = arguments
+    refused = getattr(args, "json_refused", None)
+    if args.json and refused:  # a help page or a script: text, never JSON
+        message = f"builder {args.command} --json: it {refused}; run it without --json"
+        print(f"error: {message}", file=sys.stderr)
+        print_json({"error": message, "exit_code": EXIT_CODES["error"]}, ok=False)
+        return EXIT_CODES["error"]
     missing = _build_side_missing(args)
     if missing:
         message = (

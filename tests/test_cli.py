@@ -194,3 +194,60 @@ def test_json_before_the_command_answers_as_after_it() -> None:
     before = run("--json", "-q", "jit", "list", "--target", "sm120")
     after = run("jit", "list", "--target", "sm120", "-q", "--json")
     assert before == after and before[0] == 0 and before[1]["ok"] is True
+
+
+# --- builder help -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("words", [[], ["wait-ready"], ["patches"], ["patches", "check"]])
+def test_help_prints_the_page_of_what_it_names(words: list[str], capsys) -> None:
+    from builder import cli
+
+    assert cli.main(["help", *words]) == 0
+    helped = capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        cli.main([*words, "--help"])
+    assert exited.value.code == 0
+    assert helped.out == capsys.readouterr().out and helped.err == ""
+    assert helped.out.startswith(f"usage: {' '.join(['builder', *words])} ")
+
+
+@pytest.mark.parametrize(
+    ("words", "line"),
+    [
+        (["lanch"], "no command 'lanch'; did you mean launch?"),
+        (["wait"], "no command 'wait'; did you mean wait-ready?"),  # the one it begins
+        (["patches", "chek"], "`builder patches` has no action 'chek'; did you mean check?"),
+        (["launch", "x"], "`builder launch` has no actions ('x' given)"),
+        (["zzzzzz"], "no command 'zzzzzz'"),
+    ],
+)
+def test_help_refuses_an_unknown_name_in_one_line(words: list[str], line: str, capsys) -> None:
+    from builder import cli
+
+    assert cli.main(["help", *words]) == 1
+    shown = capsys.readouterr()
+    assert shown.err.splitlines() == [f"error: builder help: {line}"] and shown.out == ""
+
+
+@pytest.mark.parametrize(
+    "words",
+    [["--json", "help"], ["help", "--json"], ["help", "launch", "--json"]],
+)  # fmt: skip
+def test_help_refuses_json_in_one_line(words: list[str], capsys) -> None:
+    import json
+
+    from builder import cli
+
+    assert cli.main(words) == 1
+    shown = capsys.readouterr()
+    assert len(shown.err.splitlines()) == 1 and "run it without --json" in shown.err
+    answer = json.loads(shown.out)  # the --json contract holds for the refusal too
+    assert answer["ok"] is False and answer["exit_code"] == 1
+
+
+def test_every_command_answers_json_or_refuses_it() -> None:
+    for name, parser in _commands().items():
+        assert "--json" in parser._option_string_actions, f"builder {name}"
+        hidden = parser._option_string_actions["--json"].help == argparse.SUPPRESS
+        assert hidden == bool(parser.get_default("json_refused")), f"builder {name}"

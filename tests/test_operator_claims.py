@@ -312,6 +312,8 @@ def test_an_unknown_command_or_option_gets_a_suggestion() -> None:
     assert nested.stderr.strip().endswith("; did you mean check?")
     far = cli("zzzzzz")
     assert "did you mean" not in far.stderr
+    begun = cli("wai")  # too short for a close match, but the start of one command
+    assert begun.stderr.strip().endswith("; did you mean wait-ready?")
 
 
 def test_publish_of_flashinfer_without_a_kernel_wheel_needs_without_kernels(

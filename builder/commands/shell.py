@@ -1,0 +1,65 @@
+"""Commands about builder's own command line: `help` (a command's page). It reads the
+whole parser, so it takes it as `root`."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+from builder.commands.common import HelpFormatter
+from builder.errors import BuilderError
+
+# What main() answers `--json` with (its output is text by nature).
+HELP_IS_TEXT = "prints a help page, which is text"
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    from builder.cli import subcommands
+
+    return subcommands(parser)
+
+
+def cmd_help(root: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The page of `builder NAMES... --help`; an unknown name is refused in one line, with
+    the name it is closest to."""
+    from builder.cli import suggestion
+
+    parser, named = root, ["builder"]
+    for name in args.names:
+        children = _subcommands(parser)
+        if not children:
+            raise BuilderError(f"builder help: `{' '.join(named)}` has no actions ({name!r} given)")
+        if name not in children:
+            where = "no command" if parser is root else f"`{' '.join(named)}` has no action"
+            raise BuilderError(f"builder help: {where} {name!r}" + suggestion(name, list(children)))
+        parser, named = children[name], [*named, name]
+    parser.print_help()
+
+
+def _refuse_json(parser: argparse.ArgumentParser, why: str) -> None:
+    """--json after the command is taken (and refused by main(), as before it), not a usage
+    error: the same one line whichever side it stands on."""
+    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)  # fmt: skip
+    parser.set_defaults(json_refused=why)
+
+
+def register(sub, root: argparse.ArgumentParser) -> None:
+    helper = sub.add_parser(
+        "help",
+        help="show a command's help page (as COMMAND --help)",
+        description="Print the help page of builder, of a command, or of a command's action "
+        "(`builder help patches check` is `builder patches check --help`). An unknown name "
+        "is refused in one line that names the closest one (exit code 1).\n\n"
+        "examples:\n"
+        "  builder help\n"
+        "  builder help wait-ready\n"
+        "  builder help patches check",
+        formatter_class=HelpFormatter,
+    )
+    helper.add_argument(
+        "names", nargs="*", metavar="COMMAND",
+        help="a command, and its action where it has some (patches check)",
+    )  # fmt: skip
+    _refuse_json(helper, HELP_IS_TEXT)
+    helper.set_defaults(func=functools.partial(cmd_help, root))
