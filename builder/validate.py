@@ -145,30 +145,54 @@ def distribution_name(setting: str, value: str) -> str:
     return canonicalize_name(value)
 
 
-_UNITS = {"s": 1 / 60, "m": 1.0, "h": 60.0}
-# A server's start takes minutes to an hour or two: a bare number above 6 h is more likely
-# seconds (1200 for 20 min), so it is warned, not refused.
-LONG_MINUTES = 6 * 60
+# One rule for every time flag: a number with its unit (90s, 20m, 1.5h), or a bare number
+# in the flag's own unit, which its metavar names (--deadline MINUTES, --poll SECONDS).
+_SECONDS_PER = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_UNIT_WORDS = {"s": "seconds", "m": "minutes", "h": "hours"}
+# A bare number longer than this is more likely the other unit (`--deadline 1200` meant as
+# 20 min, read as 20 h): refused, with the spelling that says it. A server start takes
+# minutes to an hour or two; with its unit (`20h`), a longer time is taken as written.
+BARE_LIMIT_S = 6 * 3600.0
+LONGEST_S = 7 * 24 * 3600.0  # past a week: a typo, and too long for a sleep to take
 
 
-def minutes(flag: str, text: str | None) -> float | None:
-    """A duration in minutes: `20` (minutes), or with its unit: `90s`, `20m`, `1.5h`."""
+def duration(
+    flag: str,
+    text: str | None,
+    bare_unit: str,
+    minimum: float | None = None,
+    above: float | None = None,
+) -> float | None:
+    """Seconds from `90s`, `20m`, `1.5h`, or a bare number in `bare_unit` ("s" or "m");
+    None stays None (the flag was not given). `minimum` (inclusive) and `above` (exclusive)
+    are in seconds. Each failure is one BuilderError naming the flag."""
     if text is None:
         return None
-    number, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "m")
+    unit_word = _UNIT_WORDS[bare_unit]
+    scale = _SECONDS_PER[bare_unit]
+    bound = ""
+    if minimum is not None:
+        bound = f", {minimum / scale:g} or more"
+    elif above is not None:
+        bound = f" above {above / scale:g}"
+    rule = f"must be a number of {unit_word}{bound} (or with a unit: 90s, 20m, 1.5h)"
+    bare = text[-1:] not in _SECONDS_PER
+    number, unit = (text, bare_unit) if bare else (text[:-1], text[-1])
     try:
-        value = float(number) * _UNITS[unit]
+        seconds = float(number) * _SECONDS_PER[unit]
     except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
+        seconds = math.nan
+    if not math.isfinite(seconds) or number.strip() != number or "_" in number:
+        raise BuilderError(f"{flag} {_shown(text)}: {rule}")
+    if (minimum is not None and seconds < minimum) or (above is not None and seconds <= above):
+        raise BuilderError(f"{flag} {_shown(text)}: {rule}")
+    if bare and seconds > BARE_LIMIT_S:  # checked first: the likely slip, and its spelling
+        hours = f"{seconds / 3600:.3g} h"
+        other = f"write {text}s for seconds, or " if bare_unit != "s" else "write "
         raise BuilderError(
-            f"{flag} {text}: must be a number of minutes, 0 or more (or with a unit: 90s, 20m, 1h)"
+            f"{flag} {text}: a bare number is {unit_word} here, {hours}; {other}"
+            f"{text}{bare_unit} if you mean {hours}"
         )
-    if value > LONG_MINUTES and unit == "m" and text[-1:] != "m":  # a bare number: minutes
-        from builder import progress
-
-        progress.warn(
-            f"{flag} {text}: read as {text} minutes ({value / 60:.0f} h); if you meant seconds, "
-            f"write {text}s (a bare number is minutes; units: 90s, 20m, 1h)"
-        )
-    return value
+    if seconds > LONGEST_S:
+        raise BuilderError(f"{flag} {_shown(text)}: at most a week (168h)")
+    return seconds

@@ -283,12 +283,57 @@ def test_patches_check_onto_a_ref_names_its_upstream(tmp_path: Path) -> None:
     )
 
 
-def test_a_bare_number_over_a_day_of_minutes_is_warned() -> None:
-    result = cli("wait-ready", "http://127.0.0.1:1", "--deadline", "0", "--stall-minutes", "1200")
-    assert "--stall-minutes 1200: read as 1200 minutes (20 h); if you meant seconds, write " \
-        "1200s" in result.stderr  # fmt: skip
-    quiet = cli("wait-ready", "http://127.0.0.1:1", "--deadline", "0", "--stall-minutes", "20h")
-    assert "warning" not in quiet.stderr
+def test_a_bare_number_over_6_h_is_refused_with_the_spelling_it_likely_meant() -> None:
+    """`--deadline 1200` is 20 h of minutes, more likely 20 min meant as seconds: one line
+    that says how to write either; with its unit, a long time is taken as written."""
+    url = "http://127.0.0.1:1"
+    for flag in ("--deadline", "--stall-minutes"):
+        refused = cli("wait-ready", url, "--deadline", "0", flag, "1200")
+        assert refused.returncode == 1 and refused.stderr.strip() == (
+            f"error: {flag} 1200: a bare number is minutes here, 20 h; write 1200s for "
+            "seconds, or 1200m if you mean 20 h"
+        )
+    taken = cli("wait-ready", url, "--stall-minutes", "20h", "--deadline", "0s")
+    assert taken.returncode == 4 and "error" not in taken.stderr, taken.stderr
+    seconds = cli("wait-ready", url, "--poll", "30000")
+    assert seconds.stderr.strip() == (
+        "error: --poll 30000: a bare number is seconds here, 8.33 h; write 30000s if you mean "
+        "8.33 h"
+    )
+
+
+# Every time flag of every command: (the command line before the flag, flag, its bare unit).
+TIME_FLAGS = [
+    (["wait-ready", "http://127.0.0.1:1"], "--deadline", "minutes"),
+    (["wait-ready", "http://127.0.0.1:1"], "--stall-minutes", "minutes"),
+    (["wait-ready", "http://127.0.0.1:1"], "--poll", "seconds"),
+    (["launch", "--run"], "--poll", "seconds"),
+    (["qualify", "http://127.0.0.1:1"], "--deadline", "minutes"),
+    (["qualify", "http://127.0.0.1:1"], "--stall-minutes", "minutes"),
+    (["qualify", "http://127.0.0.1:1"], "--level-seconds", "seconds"),
+    (["doctor", "--p2p", "--target", "sm120"], "--stage-timeout", "seconds"),
+]
+
+
+def test_every_time_flag_refuses_a_bad_duration_in_one_line_naming_itself() -> None:
+    for before, flag, unit in TIME_FLAGS:
+        result = cli(*before, flag, "90x")
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 1 and len(lines) == 1, (flag, result.stderr)
+        assert lines[0].startswith(f"error: {flag} 90x: must be a number of {unit}"), lines
+        assert lines[0].endswith("(or with a unit: 90s, 20m, 1.5h)"), lines
+
+
+def test_every_time_flag_says_its_unit_in_its_help() -> None:
+    from tests.test_cli import _commands
+
+    commands = _commands()
+    for before, flag, unit in TIME_FLAGS:
+        if before[0] == "launch":
+            continue  # launch --run's --poll is hidden
+        action = commands[before[0]]._option_string_actions[flag]
+        assert action.metavar == unit.upper(), flag
+        assert "90s, 20m, 1.5h" in action.help, flag
 
 
 def test_version_names_builders_commit() -> None:

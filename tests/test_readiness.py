@@ -246,15 +246,20 @@ def test_an_ipv6_server_is_waited_for_like_any_other(builder) -> None:
 
 
 def test_durations_take_a_unit(builder) -> None:
-    """--deadline 3s: minutes by default, or seconds, minutes, hours with their unit."""
+    """--deadline 3s: minutes by default, or seconds, minutes, hours with their unit; --poll
+    0.01m: seconds by default, and the same units."""
     from builder import validate
 
-    assert validate.minutes("--deadline", "90s") == 1.5
-    assert validate.minutes("--deadline", "1.5h") == 90
-    assert validate.minutes("--deadline", "20") == validate.minutes("--deadline", "20m") == 20
+    assert validate.duration("--deadline", "90s", "m") == 90
+    assert validate.duration("--deadline", "1.5h", "m") == 5400
+    assert validate.duration("--deadline", "20", "m") == 1200
+    assert validate.duration("--poll", "20m", "s") == 1200
+    assert validate.duration("--poll", "2", "s") == 2
+    assert validate.duration("--deadline", "0", "m", minimum=0) == 0  # 0 checks once
+    assert validate.duration("--deadline", None, "m") is None
     port = free_port()
     result = builder.run(
-        "wait-ready", f"http://127.0.0.1:{port}", "--deadline", "3s", "--poll", "0.5",
+        "wait-ready", f"http://127.0.0.1:{port}", "--deadline", "3s", "--poll", "0.01m",
         "--json", check=False,
     )  # fmt: skip
     verdict = json.loads(result.stdout)

@@ -9,6 +9,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from builder.commands.common import (
+    UNITS,
     HelpFormatter,
     add_global_flags,
     add_output_options,
@@ -302,9 +303,9 @@ def register(sub) -> None:
         "--world", type=int, metavar="N", help="all-reduce world size (default: every GPU)"
     )
     p2p_options.add_argument(
-        "--stage-timeout", type=float, default=120.0, metavar="SECONDS",
-        help="a probe stage still running after this is killed and recorded as hung "
-        "(default: 120)",
+        "--stage-timeout", default="120", metavar="SECONDS",
+        help="a probe stage still running after this is killed and recorded as hung: "
+        f"seconds, or with a unit ({UNITS}) (default: 120)",
     )  # fmt: skip
     p2p_options.add_argument(
         "--probe-result", metavar="FILE",

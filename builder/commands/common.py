@@ -73,6 +73,12 @@ config file: {config_file()}
 """
 
 
+# Every time flag takes a bare number in the unit its metavar names, or one with its unit
+# (validate.duration).
+UNITS = "90s, 20m, 1.5h"
+DEADLINE_MINUTES = 20  # how long a server may take to be ready, where no profile says
+
+
 # Options by concern: each command takes exactly the ones it uses.
 PROJECT = "project"  # --target, --data-dir
 SELECTION = "selection"  # --upstream

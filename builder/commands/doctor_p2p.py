@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 from rich.markup import escape
@@ -24,6 +23,7 @@ p2p_host = lazy_module("builder.p2p_host")
 p2p_record = lazy_module("builder.p2p_record")
 p2p_run = lazy_module("builder.p2p_run")
 progress = lazy_module("builder.progress")
+validate = lazy_module("builder.validate")
 docker = lazy_module("docker")
 
 
@@ -33,8 +33,7 @@ def check_options(args: argparse.Namespace) -> None:
         raise BuilderError("--container: not with --p2p (the probe runs before any server)")
     if args.world is not None and args.world < 1:
         raise BuilderError(f"--world {args.world}: must be 1 or more")
-    if not (math.isfinite(args.stage_timeout) and args.stage_timeout > 0):
-        raise BuilderError(f"--stage-timeout {args.stage_timeout:g}: must be seconds above 0")
+    args.stage_timeout = validate.duration("--stage-timeout", args.stage_timeout, "s", above=0)
     if args.probe_result and not Path(args.probe_result).is_file():
         raise BuilderError(f"--probe-result {args.probe_result}: no such file")
 

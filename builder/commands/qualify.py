@@ -4,12 +4,13 @@ leaves a receipt; `--compare` puts receipts side by side."""
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 from builder.cache import atomic_write_text
 from builder.commands.common import (
+    DEADLINE_MINUTES,
     EPILOG,
+    UNITS,
     HelpFormatter,
     add_output_options,
     add_project_options,
@@ -78,10 +79,9 @@ def cmd_qualify(args: argparse.Namespace) -> None:
     concurrency = _numbers("--concurrency", args.concurrency)
     needles = _numbers("--needles", args.needles)
     prefill = _numbers("--prefill-lens", args.prefill_lens)
-    args.deadline = validate.minutes("--deadline", args.deadline)
-    args.stall_minutes = validate.minutes("--stall-minutes", args.stall_minutes)
-    if not (math.isfinite(args.level_seconds) and args.level_seconds >= 1):
-        raise BuilderError(f"--level-seconds {args.level_seconds:g}: must be a number, 1 or more")
+    args.deadline_s = validate.duration("--deadline", args.deadline, "m", minimum=0)
+    args.stall_s = validate.duration("--stall-minutes", args.stall_minutes, "m", minimum=0)
+    args.level_seconds = validate.duration("--level-seconds", args.level_seconds, "s", minimum=1)
     for flag, value in (
         ("--input-len", args.input_len), ("--output-len", args.output_len),
         ("--arithmetic", args.arithmetic), ("--gsm8k-limit", args.gsm8k_limit or 1),
@@ -333,8 +333,9 @@ examples:
         help="tokens generated per throughput request, ignoring EOS (default: 256)",
     )  # fmt: skip
     command.add_argument(
-        "--level-seconds", type=float, default=300, metavar="S",
-        help="no new request after this long in a level (default: 300)",
+        "--level-seconds", default="300", metavar="SECONDS",
+        help=f"no new request after this long in a level: seconds, or with a unit ({UNITS}) "
+        "(default: 300)",
     )  # fmt: skip
     command.add_argument(
         "--needles", default=DEFAULT_NEEDLES, metavar="TOKENS,...",
@@ -361,13 +362,14 @@ examples:
     command.add_argument("--seed", type=int, default=1, help="prompts and needles (default: 1)")
     command.add_argument(
         "--deadline", metavar="MINUTES",
-        help="how long to wait for ready, in minutes or with a unit (90s, 20m, 1h) "
-        "(default: the profile's, or 20)",
+        help=f"how long to wait for ready: minutes, or with a unit ({UNITS}) "
+        f"(default: the profile's, or {DEADLINE_MINUTES})",
     )  # fmt: skip
     command.add_argument(
         "--stall-minutes", default=str(STALL_MINUTES), metavar="MINUTES",
         help="no new log line for this long before ready is a stalled start (one after a "
-        f"capture-begin line: a graph-capture hang) (default: {STALL_MINUTES:g})",
+        f"capture-begin line: a graph-capture hang): minutes, or with a unit ({UNITS}) "
+        f"(default: {STALL_MINUTES:g})",
     )  # fmt: skip
     command.add_argument(
         "--accept-start-compiles", action="store_true",

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 from rich.markup import escape
 
 from builder.cache import atomic_write_text
+from builder.commands.common import DEADLINE_MINUTES
 from builder.errors import BuilderError
 from builder.lazy import lazy_module
 from builder.settings import resolve_data_dir
@@ -321,15 +322,17 @@ def _checks(args, run, client, container, image, url, plan: Plan, throughput_cli
     expect, profile_deadline = _expect_from_profile(
         args, client, image, launched["profile"], tuple(tuple(p) for p in launched["params"])
     )
-    deadline = args.deadline if args.deadline is not None else (profile_deadline or 20)
+    deadline_s = args.deadline_s
+    if deadline_s is None:
+        deadline_s = (profile_deadline or DEADLINE_MINUTES) * 60
     verdict = readiness.wait_ready(
         url,
-        deadline_s=deadline * 60,
+        deadline_s=deadline_s,
         expect=expect,
         container=args.container,
         docker_client=client,
         poll_s=2.0,
-        stall_s=(args.stall_minutes if args.stall_minutes is not None else STALL_MINUTES) * 60,
+        stall_s=args.stall_s if args.stall_s is not None else STALL_MINUTES * 60,
         api_key=api_key,
     )
     startup: dict = {"state": verdict.state, "message": verdict.message}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import math
 import os
 import subprocess
 from pathlib import Path
@@ -15,7 +14,9 @@ from rich.markup import escape
 
 from builder.cache import atomic_write_text
 from builder.commands.common import (
+    DEADLINE_MINUTES,
     PROJECT,
+    UNITS,
     HelpFormatter,
     add_command,
     add_output_options,
@@ -181,15 +182,15 @@ def read_api_key(path: str) -> str:
 
 
 def cmd_launch(args: argparse.Namespace) -> None:
-    if args.run and not (math.isfinite(args.poll) and args.poll > 0):
-        raise BuilderError(f"--poll {args.poll:g}: must be a number of seconds above 0")
+    args.poll = validate.duration("--poll", args.poll, "s", above=0)
     recipe, source = recipe_from_args(args)
     if not args.run:
         emit(args, {**recipe.to_json(), "recipe_from": source}, [recipe.shell()])
         return
     start_server(recipe)
     progress.info(f"started {recipe.container_name}; waiting for it to be ready")
-    _wait(args, recipe.url, recipe.container_name, recipe.expect, recipe.ready_deadline_minutes)
+    _wait(args, recipe.url, recipe.container_name, recipe.expect,
+          recipe.ready_deadline_minutes * 60)  # fmt: skip
 
 
 def start_server(recipe: launch.Recipe) -> None:
@@ -317,7 +318,7 @@ def cmd_deploy_files(args: argparse.Namespace) -> None:
     emit(args, result, lines)
 
 
-def _wait(args, url: str, container: str | None, expect: dict, deadline_minutes: float) -> None:
+def _wait(args, url: str, container: str | None, expect: dict, deadline_s: float) -> None:
     client = None
     if container:
         client = docker_client.connect()
@@ -327,12 +328,12 @@ def _wait(args, url: str, container: str | None, expect: dict, deadline_minutes:
             raise BuilderError(f"--container {container}: no such container") from None
     verdict = readiness.wait_ready(
         url,
-        deadline_s=deadline_minutes * 60,
+        deadline_s=deadline_s,
         expect=expect,
         container=container,
         docker_client=client,
         poll_s=args.poll,
-        stall_s=args.stall_minutes * 60,
+        stall_s=args.stall_s,
         api_key=read_api_key(args.api_key_file) if args.api_key_file else None,
     )
     result = verdict.to_json()
@@ -371,14 +372,12 @@ def compiled_line(compiled: list[str], container: str) -> str:
 
 def cmd_wait_ready(args: argparse.Namespace) -> None:
     validate.server_url("wait-ready URL", args.url)
-    args.deadline = validate.minutes("--deadline", args.deadline)
-    args.stall_minutes = validate.minutes("--stall-minutes", args.stall_minutes)
-    if not (math.isfinite(args.poll) and args.poll > 0):
-        raise BuilderError(f"--poll {args.poll:g}: must be a number of seconds above 0")
+    deadline_s = validate.duration("--deadline", args.deadline, "m", minimum=0)  # 0: once
+    args.stall_s = validate.duration("--stall-minutes", args.stall_minutes, "m", minimum=0)
+    args.poll = validate.duration("--poll", args.poll, "s", above=0)
     if args.image:
         validate.image_reference("--image", args.image)
     expect: dict = {}
-    deadline = args.deadline
     params = tuple(_key_values("--set", args.set))
     profile, image = args.profile, args.image
     if not (profile or image) and args.container:
@@ -393,14 +392,15 @@ def cmd_wait_ready(args: argparse.Namespace) -> None:
             source = load_target(resolve_data_dir(args.data_dir), args.target).file
         recipe = launch.resolve(source, profile, "-", launch.Overrides(params=params))
         expect = dict(recipe.expect)
-        if deadline is None:
-            deadline = recipe.ready_deadline_minutes
+        if deadline_s is None:
+            deadline_s = recipe.ready_deadline_minutes * 60
     for item in args.expect:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise BuilderError(f"--expect {item}: expected KEY=VALUE")
         expect[key] = value
-    _wait(args, args.url, args.container, expect, 20 if deadline is None else deadline)
+    _wait(args, args.url, args.container, expect,
+          DEADLINE_MINUTES * 60 if deadline_s is None else deadline_s)  # fmt: skip
 
 
 def launched_with(container_name: str, params: tuple) -> tuple[str | None, str | None, tuple]:
@@ -509,8 +509,9 @@ def register(sub) -> None:
     )
     add_launch_options(launch_cmd)
     launch_cmd.add_argument("--run", action="store_true", help="start it here and wait-ready")
-    launch_cmd.add_argument("--poll", type=float, default=5.0, help=argparse.SUPPRESS)
-    launch_cmd.set_defaults(stall_minutes=STALL_MINUTES)
+    # Seconds (or with a unit), as wait-ready's --poll.
+    launch_cmd.add_argument("--poll", default="5", help=argparse.SUPPRESS)
+    launch_cmd.set_defaults(stall_s=STALL_MINUTES * 60)
 
     deploy = add_command(
         sub,
@@ -571,15 +572,15 @@ def register(sub) -> None:
     wait.add_argument(
         "--deadline",
         metavar="MINUTES",
-        help="how long to wait, in minutes or with a unit (90s, 20m, 1h); 0 checks once "
-        "(default: the profile's, or 20)",
+        help=f"how long to wait: minutes, or with a unit ({UNITS}); 0 checks once "
+        f"(default: the profile's, or {DEADLINE_MINUTES})",
     )
     wait.add_argument(
         "--stall-minutes",
         default=str(STALL_MINUTES),
         metavar="MINUTES",
-        help="with --container: no new log line for this long before ready is a stall "
-        f"(default: {STALL_MINUTES:g})",
+        help="with --container: no new log line for this long before ready is a stall: "
+        f"minutes, or with a unit ({UNITS}) (default: {STALL_MINUTES:g})",
     )
     wait.add_argument("--profile", help="take the expected backends and deadline from a profile")
     wait.add_argument(
@@ -609,7 +610,8 @@ def register(sub) -> None:
     )
     add_project_options(wait)
     wait.add_argument(
-        "--poll", type=float, default=2.0, metavar="SECONDS", help="between checks (default: 2)"
-    )
+        "--poll", default="2", metavar="SECONDS",
+        help=f"between checks: seconds, or with a unit ({UNITS}) (default: 2)",
+    )  # fmt: skip
     add_output_options(wait)
     wait.set_defaults(func=cmd_wait_ready)
