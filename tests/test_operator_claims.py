@@ -198,6 +198,25 @@ def help_examples() -> list[tuple[str, str]]:
 IMAGE = "registry.example.com/ml/sglang-sm120@sha256:" + "0" * 64
 
 
+def command_part(line: str) -> str:
+    """A shell line up to its first unquoted `>`, `<`, `|`, `&&` or `;`: what follows is a
+    redirect, a pipe or the next command, not builder's arguments (`2>` leaves its 2 too)."""
+    import re
+
+    quote = None
+    for index, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (index == 0 or line[index - 1].isspace()):
+            return line[:index]  # a comment: shlex drops it anyway
+        elif char in "<>|;" or line.startswith("&&", index):
+            head = line[:index]
+            return re.sub(r"(^|\s)\d+$", r"\1", head) if char in "<>" else head
+    return line
+
+
 def check_example(line: str) -> str | None:
     """None when the line parses with builder's own parser and (launch, deploy-files,
     qualify --start/--sweep) its profile, --set and --extra-arg resolve against the
@@ -212,14 +231,14 @@ def check_example(line: str) -> str | None:
     from builder.errors import BuilderError
     from builder.target import load_target
 
-    words = shlex.split(line.replace("$IMAGE", IMAGE), comments=True)[1:]
+    words = shlex.split(command_part(line.replace("$IMAGE", IMAGE)), comments=True)[1:]
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors):
             args = build_parser().parse_args(words)
     except SystemExit:
         return f"argparse: {errors.getvalue().strip().splitlines()[-1]}"
-    command = words[0]
+    command = args.command  # not words[0]: `builder -v doctor` names it second
     starts = command in ("launch", "deploy-files") or (
         command == "qualify" and (args.start or args.sweep)
     )
@@ -257,6 +276,25 @@ def test_the_example_checker_refuses_what_builder_refuses() -> None:
     assert check_example("builder launch --set nosuch=1").startswith("--set nosuch")
     assert check_example("builder lanch --target sm120").startswith("argparse: ")
     assert check_example("builder launch --image $IMAGE --set kv_cache_dtype=fp8_e4m3") is None
+    assert check_example("builder -q launch --set nosuch=1").startswith("--set nosuch")
+
+
+def test_the_example_checker_reads_only_the_command_before_a_redirect_pipe_or_next_one() -> None:
+    for line in (
+        "builder launch --target sm120 --json > ~/recipe.json",
+        "builder doctor --p2p --image $IMAGE --json >p2p.json 2>p2p.err",
+        "builder jit list --target sm120 --json | jq .modules",
+        "builder jit list --json 2>/dev/null; echo done",
+        "builder help patches check && builder help launch",
+        "builder launch --target sm120 < /dev/null   # no input",
+    ):
+        assert check_example(line) is None, line
+    # What comes before still counts: a bad command before a redirect is refused.
+    assert check_example("builder lanch > out.txt").startswith("argparse: ")
+    assert check_example("builder launch --set nosuch=1 | cat").startswith("--set nosuch")
+    # Quoted, the characters are the argument's own.
+    assert command_part("builder x 'a > b' \"c|d;e\" | y") == "builder x 'a > b' \"c|d;e\" "
+    assert command_part("builder x --n 2 2>err") == "builder x --n 2 "
 
 
 def test_a_server_url_is_a_root_with_or_without_a_port_as_the_readme_says() -> None:
