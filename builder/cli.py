@@ -35,6 +35,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_CODES["error"], f"error: {self.prog}: {message}\n")
 
 
+COMPLETION_HELP = """\
+completion: builder completion bash|zsh|fish prints the shell's script
+  (source <(builder completion bash); builder help completion: where to save it)
+"""
+
+
 class _Version(argparse.Action):
     """`builder 0.1.0 (commit 1a2b3c4d5e6f, dirty)`: the identity manifests record, read
     only when asked (it looks at the checkout)."""
@@ -79,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Turn pinned upstream sources plus a patch series into patched wheels and a "
         "ready-to-run CUDA image. Stages: sources -> patch -> wheels -> image (-> push, "
         "publish, manifest); each runs the ones before. Then launch it on a GPU VM.",
-        epilog=EPILOG + "\n" + EXIT_CODES_HELP,
+        epilog=EPILOG + "\n" + COMPLETION_HELP + "\n" + EXIT_CODES_HELP,
         formatter_class=HelpFormatter,
     )
     parser.add_argument(

@@ -232,9 +232,10 @@ def test_help_refuses_an_unknown_name_in_one_line(words: list[str], line: str, c
 
 @pytest.mark.parametrize(
     "words",
-    [["--json", "help"], ["help", "--json"], ["help", "launch", "--json"]],
+    [["--json", "help"], ["help", "--json"], ["help", "launch", "--json"],
+     ["--json", "completion", "bash"], ["completion", "fish", "--json"]],
 )  # fmt: skip
-def test_help_refuses_json_in_one_line(words: list[str], capsys) -> None:
+def test_help_and_completion_refuse_json_in_one_line(words: list[str], capsys) -> None:
     import json
 
     from builder import cli

@@ -1,5 +1,5 @@
-"""Commands about builder's own command line: `help` (a command's page). It reads the
-whole parser, so it takes it as `root`."""
+"""Commands about builder's own command line: `help` (a command's page) and `completion`
+(a shell's completion script). Both read the whole parser, so they take it as `root`."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import argparse
 import functools
 
 from builder.commands.common import HelpFormatter
+from builder.completion import SHELLS  # the standard library only: no cost at start-up
 from builder.errors import BuilderError
 
-# What main() answers `--json` with (its output is text by nature).
+# What main() answers `--json` with on these two (their output is text by nature).
 HELP_IS_TEXT = "prints a help page, which is text"
+SCRIPT_IS_TEXT = "prints a shell script, which is text"
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -34,6 +36,12 @@ def cmd_help(root: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             raise BuilderError(f"builder help: {where} {name!r}" + suggestion(name, list(children)))
         parser, named = children[name], [*named, name]
     parser.print_help()
+
+
+def cmd_completion(root: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from builder import __version__, completion
+
+    print(completion.script(args.shell, root, __version__), end="")
 
 
 def _refuse_json(parser: argparse.ArgumentParser, why: str) -> None:
@@ -63,3 +71,20 @@ def register(sub, root: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     _refuse_json(helper, HELP_IS_TEXT)
     helper.set_defaults(func=functools.partial(cmd_help, root))
+
+    completion = sub.add_parser(
+        "completion",
+        help="print a shell completion script (bash, zsh, fish)",
+        description="Print a script that completes builder's commands, actions, options and "
+        "the values an option names, generated from builder's own parser: generate it again "
+        "after an upgrade. Option values that are files complete as file names.\n\n"
+        "examples:\n"
+        "  source <(builder completion bash)    # this bash only\n"
+        "  builder completion bash > ~/.local/share/bash-completion/completions/builder\n"
+        "  builder completion zsh > ~/.zfunc/_builder   # a folder in $fpath, before compinit\n"
+        "  builder completion fish > ~/.config/fish/completions/builder.fish",
+        formatter_class=HelpFormatter,
+    )
+    completion.add_argument("shell", choices=SHELLS, help="the shell")
+    _refuse_json(completion, SCRIPT_IS_TEXT)
+    completion.set_defaults(func=functools.partial(cmd_completion, root))
