@@ -430,3 +430,213 @@ def test_publish_of_flashinfer_without_a_kernel_wheel_needs_without_kernels(
     assert cli.main([*common, "--without-kernels"]) == 0
     assert "publishing without kernels" in capsys.readouterr().err
     assert uploads and written["without_kernels"].startswith("--without-kernels: ")
+
+
+# --- the docs' links resolve --------------------------------------------------------------
+
+
+def doc_pages(root: Path = REPO_ROOT) -> list[Path]:
+    """The pages an operator reads: README.md, bench/README.md and docs/*.md."""
+    return [root / "README.md", root / "bench" / "README.md", *sorted(root.glob("docs/*.md"))]
+
+
+def _prose(text: str, spans: bool = True) -> str:
+    """The page with its code blanked out, line for line: fenced and indented blocks, then
+    (unless `spans` is false) inline code spans: a link or a path in code is an example."""
+    import re
+
+    out, fenced, in_block, blank_before = [], False, False, True
+    for line in text.splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+            out.append("")
+            continue
+        in_block = line.startswith(("    ", "\t")) and (in_block or blank_before)
+        out.append("" if fenced or in_block else line)
+        blank_before = not line.strip()
+    joined = "\n".join(out)
+    if not spans:
+        return joined
+    return re.sub(r"(`+)(.+?)\1", lambda m: re.sub(r"[^\n]", " ", m.group(0)), joined, flags=re.S)
+
+
+def page_examples(page: Path) -> list[tuple[str, str]]:
+    """Every `builder ...` line of a page's code blocks (read as for README.md), and each
+    inline code span that runs builder with an option (`builder image --plan`; a bare
+    command name is a name, and --help or --version only print)."""
+    import re
+
+    lines, fenced = [], False
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or line.startswith("    "):
+            lines.append((f"{page.relative_to(REPO_ROOT)}:{number}", line))
+    found = _joined(lines)
+    text = _prose(page.read_text(), spans=False)
+    for span in re.finditer(r"(`+)\s*(builder\s[^`]*?)\s*\1", text):
+        command = " ".join(span.group(2).split())
+        if " -" in command and not re.search(r"\s--(help|version)\b", command):
+            number = text.count("\n", 0, span.start()) + 1
+            found.append((f"{page.relative_to(REPO_ROOT)}:{number}", command))
+    return found
+
+
+def test_every_example_in_the_docs_pages_parses_and_resolves() -> None:
+    """README.md's code blocks are read above; here the pages that took its detail (docs/,
+    bench/README.md) and every page's inline `builder --...` commands."""
+    examples = [example for page in doc_pages() for example in page_examples(page)]
+    docs = [where for where, _ in examples if where.startswith("docs/")]
+    assert len(docs) >= 3, examples  # the moved text's commands are still found
+    refused = [f"{where}: {line}: {why}" for where, line in examples
+               if (why := check_example(line))]  # fmt: skip
+    assert not refused, "\n".join(refused)
+
+
+def github_slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it (github-slugger): the rendered text lower-cased,
+    everything but letters, digits, `_`, `-` and spaces dropped, each space a `-`."""
+    import re
+
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
+    text = re.sub(r"<[^>]+>", "", text)  # inline HTML
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every `#anchor` a page's ATX headings make, repeats numbered as GitHub numbers them."""
+    import re
+
+    seen: dict[str, int] = {}
+    found = set()
+    fenced = False
+    for line in page.read_text().splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+            continue
+        heading = re.match(r" {0,3}#{1,6}[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$", line)
+        if fenced or not heading:
+            continue
+        slug = github_slug(heading.group(1))
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def broken_links(page: Path, root: Path = REPO_ROOT) -> list[str]:
+    """Every relative link of a page (`[text](target)`, `[label]: target`, `href=`/`src=`)
+    whose file is missing, outside the repository, or whose `#anchor` no heading makes."""
+    import re
+    from urllib.parse import unquote
+
+    text = _prose(page.read_text())
+    targets = [
+        (m.start(1), m.group(1))
+        for pattern in (
+            r"\[[^\]]*\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)",
+            r"(?m)^ {0,3}\[[^\]]+\]:[ \t]*<?([^\s>]+)",
+            r"\b(?:href|src)=\"([^\"]*)\"",
+        )
+        for m in re.finditer(pattern, text)
+    ]
+    broken = []
+    for offset, target in sorted(targets):
+        where = f"{page.relative_to(root)}:{text.count(chr(10), 0, offset) + 1}: {target}"
+        if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:|//", target):
+            continue  # https:, mailto: ...: not this repository's
+        path, _, anchor = unquote(target).partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.is_relative_to(root.resolve()) or not linked.exists():
+            broken.append(f"{where}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            broken.append(f"{where}: no heading makes #{anchor}")
+        elif anchor and linked.suffix != ".md" and not re.fullmatch(r"L\d+(-L\d+)?", anchor):
+            broken.append(f"{where}: #{anchor} in a file that is not Markdown")
+    return broken
+
+
+def missing_paths(page: Path, root: Path = REPO_ROOT) -> list[str]:
+    """Every `path` in a page's inline code that names a file of the repository (it starts
+    with one of its top-level folders) and is not there. Placeholders (`<target>`, `*`,
+    `NAME`) and a `:line` suffix are not paths."""
+    import re
+
+    folders = {p.name for p in root.iterdir() if p.is_dir() and p.name != ".git"}
+    missing = []
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        for span in re.findall(r"`([^`\s]+)`", line):
+            path = re.sub(r":[\d,-]+$", "", span)
+            if path.split("/")[0] not in folders or "/" not in path:
+                continue
+            if re.search(r"[<>*…{}$]", path) or re.search(r"(^|/)[A-Z][A-Z_]+(/|$)", path):
+                continue
+            if not (root / path).exists():
+                missing.append(f"{page.relative_to(root)}:{number}: {span}")
+    return missing
+
+
+def test_every_relative_link_and_anchor_in_the_docs_resolves() -> None:
+    pages = doc_pages()
+    assert len(pages) >= 5 and all(page.is_file() for page in pages), pages
+    broken = [problem for page in pages for problem in broken_links(page)]
+    assert not broken, "\n".join(broken)
+    # The README links each page that took its detail (the checker still finds links).
+    readme = _prose((REPO_ROOT / "README.md").read_text())
+    for page in ("docs/sglang-release.md", "docs/supply-chain.md", "docs/kernels.md",
+                 "docs/test-times.md"):  # fmt: skip
+        assert f"]({page}" in readme, page
+
+
+def test_every_page_anchor_the_code_names_resolves() -> None:
+    """A help text, script or workflow that names `README.md#anchor` or `docs/PAGE.md#anchor`
+    points at a heading that is there (the README's sections move to docs/ pages)."""
+    import re
+
+    files = [*REPO_ROOT.glob("builder/**/*.py"), *REPO_ROOT.glob("scripts/*"),
+             *REPO_ROOT.glob(".github/**/*.yml"), REPO_ROOT / "pyproject.toml"]  # fmt: skip
+    pattern = r"((?:bench/)?README\.md|docs/[\w.-]+\.md)#([\w-]+)"
+    named = [(path, page, anchor) for path in files if path.is_file()
+             for page, anchor in re.findall(pattern, path.read_text(errors="replace"))]  # fmt: skip
+    broken = [f"{path.relative_to(REPO_ROOT)}: {page}#{anchor}" for path, page, anchor in named
+              if not (REPO_ROOT / page).is_file() or anchor not in anchors(REPO_ROOT / page)]  # fmt: skip
+    assert not broken, "\n".join(broken)
+
+
+def test_every_repository_path_the_docs_name_exists() -> None:
+    missing = [problem for page in doc_pages() for problem in missing_paths(page)]
+    assert not missing, "\n".join(missing)
+
+
+def test_the_link_checker_finds_a_broken_link_or_anchor(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "README.md").write_text("# Bench\n")
+    (tmp_path / "docs" / "a.md").write_text(
+        "# A page\n\n## Run on a `GPU` VM: one, two\n\n## Twice\n\n## Twice\n\n```\n# not a heading\n```\n"
+    )
+    (tmp_path / "README.md").write_text(
+        "# Top\n\nSee [the page](docs/a.md), [its VM part](docs/a.md#run-on-a-gpu-vm-one-two),\n"
+        "[the second](docs/a.md#twice-1), [a\nsplit link](#top), [web](https://example.com/x),\n"
+        "`[in code](nowhere.md)` and\n\n    [indented code](nowhere.md)\n\n"
+        "Broken: [gone](docs/gone.md), [no anchor](docs/a.md#not-a-heading),\n"
+        "[fenced](docs/a.md#not-a-heading-1), [up](../outside.md), [self](#nope),\n"
+        "[bench](bench/README.md#bench) [ref]\n\n[ref]: docs/a.md#twice-2\n"
+        "`docs/a.md` `docs/b.md` `images/<target>/x` `docs/NAME` `bench/run.py:12`\n"
+    )
+    assert anchors(tmp_path / "docs" / "a.md") == {"a-page", "run-on-a-gpu-vm-one-two",
+                                                   "twice", "twice-1"}  # fmt: skip
+    assert broken_links(tmp_path / "README.md", tmp_path) == [
+        "README.md:10: docs/gone.md: no such file",
+        "README.md:10: docs/a.md#not-a-heading: no heading makes #not-a-heading",
+        "README.md:11: docs/a.md#not-a-heading-1: no heading makes #not-a-heading-1",
+        "README.md:11: ../outside.md: no such file",
+        "README.md:11: #nope: no heading makes #nope",
+        "README.md:14: docs/a.md#twice-2: no heading makes #twice-2",
+    ]
+    assert missing_paths(tmp_path / "README.md", tmp_path) == [
+        "README.md:15: docs/b.md",
+        "README.md:15: bench/run.py:12",
+    ]
+    assert doc_pages(tmp_path)[2:] == [tmp_path / "docs" / "a.md"]
