@@ -200,17 +200,23 @@ IMAGE = "registry.example.com/ml/sglang-sm120@sha256:" + "0" * 64
 
 def command_part(line: str) -> str:
     """A shell line up to its first unquoted `>`, `<`, `|`, `&&` or `;`: what follows is a
-    redirect, a pipe or the next command, not builder's arguments (`2>` leaves its 2 too)."""
+    redirect, a pipe or the next command, not builder's arguments (`2>` leaves its 2 too). A
+    `<placeholder>` (the docs' `--onto <version>`) is an argument, not a redirect."""
     import re
 
     quote = None
+    placeholder_end = 0
     for index, char in enumerate(line):
+        if index < placeholder_end:
+            continue
         if quote:
             quote = None if char == quote else quote
         elif char in "'\"":
             quote = char
         elif char == "#" and (index == 0 or line[index - 1].isspace()):
             return line[:index]  # a comment: shlex drops it anyway
+        elif char == "<" and (placeholder := re.match(r"<[A-Za-z][\w.:-]*>", line[index:])):
+            placeholder_end = index + placeholder.end()
         elif char in "<>|;" or line.startswith("&&", index):
             head = line[:index]
             return re.sub(r"(^|\s)\d+$", r"\1", head) if char in "<>" else head
@@ -295,6 +301,7 @@ def test_the_example_checker_reads_only_the_command_before_a_redirect_pipe_or_ne
     # Quoted, the characters are the argument's own.
     assert command_part("builder x 'a > b' \"c|d;e\" | y") == "builder x 'a > b' \"c|d;e\" "
     assert command_part("builder x --n 2 2>err") == "builder x --n 2 "
+    assert command_part("builder x --onto <version> < in") == "builder x --onto <version> "
 
 
 def test_a_server_url_is_a_root_with_or_without_a_port_as_the_readme_says() -> None:
