@@ -116,6 +116,17 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return {}
 
 
+def command_paths(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Every command path of the parser ("" for builder itself, "patches check"), parents
+    before their children."""
+    found = {"": parser}
+    for name, child in subcommands(parser).items():
+        found.update(
+            {f"{name} {path}".strip(): below for path, below in command_paths(child).items()}
+        )
+    return found
+
+
 def _global_flags_after_the_command(parser: argparse.ArgumentParser) -> None:
     """-q and -v on every command, --json on each that groups others (`builder patches
     --json list`); a leaf's --json is its own (add_output_options), where it has a result."""
@@ -164,9 +175,7 @@ def _command_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The deepest subcommand the command line named (unknown options are reported by the
     top parser, but belong to it)."""
     for word in _argv:
-        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if subs and word in subs[0].choices:
-            parser = subs[0].choices[word]
+        parser = subcommands(parser).get(word, parser)
     return parser
 
 

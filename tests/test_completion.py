@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from builder import completion
-from builder.cli import build_parser
+from builder.cli import build_parser, command_paths
 from tests.conftest import REPO_ROOT
 
 
@@ -55,17 +55,7 @@ def _shown_options(parser: argparse.ArgumentParser) -> set[str]:
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
     """Every command path of the real parser, groups included ("" is builder itself)."""
-    found = {}
-
-    def walk(parser: argparse.ArgumentParser, path: str) -> None:
-        found[path] = parser
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for name, child in action.choices.items():
-                    walk(child, f"{path} {name}".strip())
-
-    walk(build_parser(), "")
-    return found
+    return command_paths(build_parser())
 
 
 # --- bash, for real ---------------------------------------------------------------------

@@ -173,25 +173,17 @@ def readme_examples() -> list[tuple[str, str]]:
 
 def help_examples() -> list[tuple[str, str]]:
     """Every `builder ...` line of each command's --help `examples:` section."""
-    import argparse
     import re
 
-    from builder.cli import build_parser
+    from builder.cli import build_parser, command_paths
 
     found = []
-
-    def walk(parser: argparse.ArgumentParser, name: str) -> None:
+    for name, parser in command_paths(build_parser()).items():
         text = (parser.description or "") + "\n" + (parser.epilog or "")
         marker = re.search(r"\bexamples?:", text)
         if marker:  # `examples:` and lines below it, or `example: builder ...` on its line
             section = text[marker.end() :].splitlines()
             found.extend(_joined([(f"builder {name} --help", line) for line in section]))
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for child_name, child in action.choices.items():
-                    walk(child, f"{name} {child_name}".strip())
-
-    walk(build_parser(), "")
     return found
 
 
