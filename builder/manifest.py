@@ -13,7 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -77,7 +77,7 @@ def build_manifest(
     own = {"builder_wheel": wheel_record("builder", builder_wheel)} if builder_wheel else {}
     return {
         "schema_version": SCHEMA_VERSION,
-        "created": created or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created": created or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "builder_version": __version__,
         "builder": builder_identity(),
         "python": sys.version.split()[0],

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
 
@@ -253,7 +253,7 @@ def replay(argv: list[str]) -> int | None:
         )
         from builder import manifest  # light: the standard library and small modules
 
-        created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        created = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         written = manifest.write(
             Path(record["manifest_dir"]), {**record["manifest"], "created": created},
             record["manifest_tag"], record["sbom"],
@@ -395,7 +395,7 @@ def _record(
     )
     record = {
         "version": RECORD_VERSION,
-        "recorded": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%SZ"),
+        "recorded": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
         "trees": inputs.trees + [str(cache_dir / folder) for folder in CACHE_FOLDERS],
         "files": inputs.files + [str(path) for path in wheel_files],
         "snapshot": {**inputs.snapshot, **outputs},

@@ -20,7 +20,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +97,7 @@ def write(
         "gpu_uuids": list(machine.uuids),
         "topology_sha256": machine.topology_sha256,
         "topology_matrix": topology_matrix(topology),
-        "written_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "written_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "written_by": f"builder {__version__} doctor --p2p",
         "image": image,
         "profile": profile,

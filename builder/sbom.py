@@ -14,7 +14,7 @@ import hashlib
 import json
 import sys
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
@@ -164,7 +164,7 @@ def build_sbom(
         metadata=BomMetaData(
             component=image,
             properties=metadata_properties,
-            timestamp=datetime.now(UTC).replace(microsecond=0),
+            timestamp=datetime.now(timezone.utc).replace(microsecond=0),
         ),
     )  # fmt: skip
     bom.register_dependency(image, components)  # the image holds every one of them

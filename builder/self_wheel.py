@@ -19,7 +19,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10 (a GPU VM's Ubuntu 22.04): tomli is the same parser
+    import tomli as tomllib
 from pathlib import Path
 
 from builder import __version__

@@ -19,9 +19,13 @@ import json
 import os
 import re
 import tempfile
-import tomllib
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10 (a GPU VM's Ubuntu 22.04): tomli is the same parser
+    import tomli as tomllib
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pygit2
@@ -288,7 +292,7 @@ def _format_patch(repo, commit_id: str, number: int, total: int) -> tuple[str, s
     diff = repo.diff(commit.parents[0].tree, commit.tree)
     subject, _, body = commit.message.partition("\n")
     body = body.strip()
-    when = datetime.fromtimestamp(commit.author.time, UTC)
+    when = datetime.fromtimestamp(commit.author.time, timezone.utc)
     stats = diff.stats.format(DiffStatsFormat.FULL | DiffStatsFormat.INCLUDE_SUMMARY, 72)
     text = (
         "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"

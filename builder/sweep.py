@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from builder import gates as gate_list
@@ -121,7 +121,7 @@ def choose(
         })  # fmt: skip
     return {
         "schema": CHOSEN_SCHEMA,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "builder": builder_identity(),
         "rule": "per level the highest output tok/s among profiles whose result is ok and "
         "whose every mandatory gate passed (skipped is not passed)"

@@ -11,7 +11,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import tomllib
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10 (a GPU VM's Ubuntu 22.04): tomli is the same parser
+    import tomli as tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

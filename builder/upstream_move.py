@@ -17,7 +17,11 @@ import os
 import re
 import shutil
 import tempfile
-import tomllib
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10 (a GPU VM's Ubuntu 22.04): tomli is the same parser
+    import tomli as tomllib
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -7,7 +7,7 @@ import contextlib
 import json
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
@@ -126,7 +126,7 @@ def _started_seconds_ago(container) -> float | None:
         started = docker_client.started_at(container)
     except ValueError:
         return None
-    return (datetime.now(UTC) - started).total_seconds()
+    return (datetime.now(timezone.utc) - started).total_seconds()
 
 
 # sglang's line once the HTTP server serves (srt/entrypoints/http_server.py).
@@ -229,7 +229,7 @@ def run_checks(args, url: str, plan: Plan, out: Path, earlier: list | None = Non
 
     receipt: dict = {
         "schema": receipt_views.RECEIPT_SCHEMA,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "builder": identity.builder_identity(),
         "server": {
             "url": _public_url(url),

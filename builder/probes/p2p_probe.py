@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 import traceback
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 PROBE_VERSION = 1
@@ -61,7 +61,7 @@ SMI_TIMEOUT_S = 30
 
 
 def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def log(message: str) -> None:
