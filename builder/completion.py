@@ -61,37 +61,32 @@ def _help_of(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
 def commands(parser: argparse.ArgumentParser) -> list[Command]:
     """Every command path of the parser, the top one first; `help` and `help PATH` take the
     commands below PATH as their words."""
-    found: list[Command] = []
+    from builder.cli import command_paths
 
-    def walk(parser: argparse.ArgumentParser, path: str) -> None:
+    found: list[Command] = []
+    for path, node in command_paths(parser).items():
         words: dict[str, str] = {}
         options: list[Option] = []
-        children: dict[str, argparse.ArgumentParser] = {}
-        for action in parser._actions:
+        for action in node._actions:
             if isinstance(action, argparse._SubParsersAction):
                 helps = {shown.dest: shown.help for shown in action._choices_actions}
-                for name, child in action.choices.items():
+                for name in action.choices:
                     words[_plain(name)] = _summary(helps.get(name))
-                    children[name] = child
             elif action.help == argparse.SUPPRESS:
                 continue  # hidden: not offered
             elif action.option_strings:
                 options.append(
                     Option(
                         flags=tuple(_plain(flag) for flag in action.option_strings),
-                        help=_summary(_help_of(parser, action)),
+                        help=_summary(_help_of(node, action)),
                         takes_value=action.nargs != 0,
                         choices=tuple(_plain(str(c)) for c in action.choices or ()),
                     )
                 )
             elif action.choices:  # a positional with named values: `completion SHELL`
                 for choice in action.choices:
-                    words[_plain(str(choice))] = _summary(_help_of(parser, action))
+                    words[_plain(str(choice))] = _summary(_help_of(node, action))
         found.append(Command(path, words, tuple(options)))
-        for name, child in children.items():
-            walk(child, f"{path} {name}".strip())
-
-    walk(parser, "")
     helper = next((command for command in found if command.path == "help"), None)
     if helper is None:
         return found

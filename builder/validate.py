@@ -147,6 +147,7 @@ def distribution_name(setting: str, value: str) -> str:
 
 # One rule for every time flag: a number with its unit (90s, 20m, 1.5h), or a bare number
 # in the flag's own unit, which its metavar names (--deadline MINUTES, --poll SECONDS).
+UNITS = "90s, 20m, 1.5h"  # as --help shows the rule
 _SECONDS_PER = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _UNIT_WORDS = {"s": "seconds", "m": "minutes", "h": "hours"}
 # A bare number longer than this is more likely the other unit (`--deadline 1200` meant as
@@ -175,7 +176,7 @@ def duration(
         bound = f", {minimum / scale:g} or more"
     elif above is not None:
         bound = f" above {above / scale:g}"
-    rule = f"must be a number of {unit_word}{bound} (or with a unit: 90s, 20m, 1.5h)"
+    rule = f"must be a number of {unit_word}{bound} (or with a unit: {UNITS})"
     bare = text[-1:] not in _SECONDS_PER
     number, unit = (text, bare_unit) if bare else (text[:-1], text[-1])
     try:
@@ -186,7 +187,7 @@ def duration(
         raise BuilderError(f"{flag} {_shown(text)}: {rule}")
     if (minimum is not None and seconds < minimum) or (above is not None and seconds <= above):
         raise BuilderError(f"{flag} {_shown(text)}: {rule}")
-    if bare and seconds > BARE_LIMIT_S:  # checked first: the likely slip, and its spelling
+    if bare and seconds > BARE_LIMIT_S:  # before the week's limit: the likely slip, and its fix
         hours = f"{seconds / 3600:.3g} h"
         other = f"write {text}s for seconds, or " if bare_unit != "s" else "write "
         raise BuilderError(

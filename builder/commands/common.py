@@ -21,6 +21,7 @@ from builder.settings import (
     resolve_mirrors,
 )
 from builder.target import load_target
+from builder.validate import UNITS as UNITS  # every time flag's rule, for the --help texts
 
 pipeline = lazy_module("builder.pipeline")
 validate = lazy_module("builder.validate")
@@ -73,9 +74,6 @@ config file: {config_file()}
 """
 
 
-# Every time flag takes a bare number in the unit its metavar names, or one with its unit
-# (validate.duration).
-UNITS = "90s, 20m, 1.5h"
 DEADLINE_MINUTES = 20  # how long a server may take to be ready, where no profile says
 
 
