@@ -159,15 +159,15 @@ def _joined(lines: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return found
 
 
-def readme_examples() -> list[tuple[str, str]]:
-    """Every `builder ...` line of README.md's code blocks (indented or fenced)."""
+def code_block_examples(page: Path) -> list[tuple[str, str]]:
+    """Every `builder ...` line of a page's code blocks (indented or fenced)."""
     lines, fenced = [], False
-    for number, line in enumerate((REPO_ROOT / "README.md").read_text().splitlines(), 1):
+    for number, line in enumerate(page.read_text().splitlines(), 1):
         if line.lstrip().startswith("```"):
             fenced = not fenced
             continue
         if fenced or line.startswith("    "):
-            lines.append((f"README.md:{number}", line))
+            lines.append((f"{page.relative_to(REPO_ROOT)}:{number}", line))
     return _joined(lines)
 
 
@@ -261,7 +261,7 @@ def check_example(line: str) -> str | None:
 
 
 def test_every_example_in_the_readme_and_the_help_parses_and_resolves() -> None:
-    examples = readme_examples() + help_examples()
+    examples = code_block_examples(REPO_ROOT / "README.md") + help_examples()
     assert len(examples) > 40, examples  # the collector still finds them
     assert any("--set" in line for _, line in examples)
     refused = [f"{where}: {line}: {why}" for where, line in examples
@@ -459,20 +459,12 @@ def _prose(text: str, spans: bool = True) -> str:
     return re.sub(r"(`+)(.+?)\1", lambda m: re.sub(r"[^\n]", " ", m.group(0)), joined, flags=re.S)
 
 
-def page_examples(page: Path) -> list[tuple[str, str]]:
-    """Every `builder ...` line of a page's code blocks (read as for README.md), and each
-    inline code span that runs builder with an option (`builder image --plan`; a bare
-    command name is a name, and --help or --version only print)."""
+def inline_examples(page: Path) -> list[tuple[str, str]]:
+    """Each inline code span of a page that runs builder with an option (`builder image
+    --plan`; a bare command name is a name, and --help or --version only print)."""
     import re
 
-    lines, fenced = [], False
-    for number, line in enumerate(page.read_text().splitlines(), 1):
-        if line.lstrip().startswith("```"):
-            fenced = not fenced
-            continue
-        if fenced or line.startswith("    "):
-            lines.append((f"{page.relative_to(REPO_ROOT)}:{number}", line))
-    found = _joined(lines)
+    found = []
     text = _prose(page.read_text(), spans=False)
     for span in re.finditer(r"(`+)\s*(builder\s[^`]*?)\s*\1", text):
         command = " ".join(span.group(2).split())
@@ -483,11 +475,17 @@ def page_examples(page: Path) -> list[tuple[str, str]]:
 
 
 def test_every_example_in_the_docs_pages_parses_and_resolves() -> None:
-    """README.md's code blocks are read above; here the pages that took its detail (docs/,
-    bench/README.md) and every page's inline `builder --...` commands."""
-    examples = [example for page in doc_pages() for example in page_examples(page)]
+    """README.md's code blocks are read above; here the code blocks of the pages that took
+    its detail (docs/, bench/README.md) and every page's inline `builder --...` commands."""
+    readme = REPO_ROOT / "README.md"
+    examples = [
+        example
+        for page in doc_pages()
+        for example in (code_block_examples(page) if page != readme else []) + inline_examples(page)
+    ]
     docs = [where for where, _ in examples if where.startswith("docs/")]
     assert len(docs) >= 3, examples  # the moved text's commands are still found
+    assert any(where.startswith("README.md:") for where, _ in examples)  # its inline ones
     refused = [f"{where}: {line}: {why}" for where, line in examples
                if (why := check_example(line))]  # fmt: skip
     assert not refused, "\n".join(refused)
