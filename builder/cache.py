@@ -128,11 +128,15 @@ def _fsync_directory(path: Path) -> None:
 @contextmanager
 def uninterrupted() -> Iterator[None]:
     """Ctrl-C held back until the block ends: for steps that must all happen or none (the
-    interrupt is raised right after, so the command still stops)."""
+    interrupt is raised right after, so the command still stops). A process started with
+    Ctrl-C ignored (a background job of a script, nohup) keeps ignoring it."""
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread():
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    ):
         yield
         return
     caught: list[object] = []

@@ -56,13 +56,39 @@ def test_ctrl_c_inside_an_uninterrupted_step_lands_after_it() -> None:
 
     from builder.cache import uninterrupted
 
-    done = []
-    with pytest.raises(KeyboardInterrupt), uninterrupted():
-        os.kill(os.getpid(), signal.SIGINT)
-        done.append("first rename")
-        done.append("second rename")
-    assert done == ["first rename", "second rename"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # As an interactive shell starts it (a background job of a script inherits Ctrl-C
+    # ignored: the test below).
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        done = []
+        with pytest.raises(KeyboardInterrupt), uninterrupted():
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append("first rename")
+            done.append("second rename")
+        assert done == ["first rename", "second rename"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_a_process_that_ignores_ctrl_c_still_ignores_it_inside_an_uninterrupted_step() -> None:
+    """Started with SIGINT ignored (`nohup`, `cmd &` in a script), Ctrl-C at the step's end
+    must not stop builder: found when the whole suite ran as a background job."""
+    import os
+    import signal
+
+    from builder.cache import uninterrupted
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        done = []
+        with uninterrupted():
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append("both renames")
+        assert done == ["both renames"]
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_a_durable_replace_leaves_the_new_bytes_under_the_old_name(tmp_path) -> None:
