@@ -129,7 +129,7 @@ def _fsync_directory(path: Path) -> None:
 def uninterrupted() -> Iterator[None]:
     """Ctrl-C held back until the block ends: for steps that must all happen or none (the
     interrupt is raised right after, so the command still stops). A process started with
-    Ctrl-C ignored (a background job of a script, nohup) keeps ignoring it."""
+    Ctrl-C ignored (a script's background job, `cmd &`) keeps ignoring it."""
     import signal
     import threading
 

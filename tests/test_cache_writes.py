@@ -72,7 +72,7 @@ def test_ctrl_c_inside_an_uninterrupted_step_lands_after_it() -> None:
 
 
 def test_a_process_that_ignores_ctrl_c_still_ignores_it_inside_an_uninterrupted_step() -> None:
-    """Started with SIGINT ignored (`nohup`, `cmd &` in a script), Ctrl-C at the step's end
+    """Started with SIGINT ignored (`cmd &` in a script), Ctrl-C at the step's end
     must not stop builder: found when the whole suite ran as a background job."""
     import os
     import signal
