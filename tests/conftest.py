@@ -215,9 +215,14 @@ class Builder:
             **self.env,
             **(env or {}),
         }
-        result = subprocess.run(
-            self.command(*args), capture_output=True, text=True, env=env, cwd=REPO_ROOT
-        )
+        from tests.cpu_profile import note_steps, span
+
+        name = " ".join(args[:2] if args[0] in ("patches", "upstream") else args[:1])
+        with span("builder", name + (" --plan" if "--plan" in args else "")) as noted:
+            result = subprocess.run(
+                self.command(*args), capture_output=True, text=True, env=env, cwd=REPO_ROOT
+            )
+            note_steps(noted, result.stderr)
         if check and result.returncode != 0:
             raise AssertionError(f"builder {' '.join(args)} failed:\n{result.stderr}")
         return result

@@ -13,8 +13,10 @@ its total against what the cores could have given says whether the run is short 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import resource
 import struct
 import sys
@@ -101,8 +103,78 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
         handle.write(json.dumps(line) + "\n")
 
 
+_STEP = re.compile(r"^✓ (.+) \((\d+(?:\.\d+)?) s\)$", re.MULTILINE)
+
+
+@contextlib.contextmanager
+def span(kind: str, name: str):
+    """One line for a piece of a test (a run-wide fixture made, a builder run): its wall and
+    the CPU of this process and of the processes it waited for meanwhile. A builder run's
+    own steps (its `✓ step (N s)` lines) are added by `note_steps` on the yielded dict."""
+    out = os.environ.get(PROFILE_ENV)
+    noted: dict = {}
+    if not out:
+        yield noted
+        return
+    start = time.monotonic()
+    own, children = _cpu()
+    try:
+        yield noted
+    finally:
+        own_after, children_after = _cpu()
+        line = {
+            "span": kind,
+            "name": name,
+            "in": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0],
+            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+            "wall": round(time.monotonic() - start, 2),
+            "self": round(own_after - own, 2),
+            "children": round(children_after - children, 2),
+            **noted,
+        }
+        with open(out, "a") as handle:
+            handle.write(json.dumps(line) + "\n")
+
+
+def note_steps(noted: dict, output: str) -> None:
+    noted["steps"] = [[name, float(seconds)] for name, seconds in _STEP.findall(output)]
+
+
+def _step_kind(name: str) -> str:
+    """A step's name without what differs between runs of the same step: local version
+    labels (`+sm120.g<commit>`), loopback addresses and long hex keys."""
+    name = re.sub(r"\+\S+", "+…", name)
+    name = re.sub(r"\d+\.\d+\.\d+\.\d+:\d+", "HOST", name)
+    return re.sub(r"[0-9a-f]{12,}", "…", name)[:90]
+
+
+def _spans(rows: list[dict], top: int) -> list[str]:
+    """The spans by kind and name: how often, wall and CPU (own and waited-for) in all."""
+    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    for row in rows:
+        total = totals[row["span"], row["name"]]
+        total[0] += 1
+        total[1] += row["wall"]
+        total[2] += row["self"] + row["children"]
+    lines = [f"\n{'runs':>5} {'wall':>7} {'cpu':>7}  span (run-wide fixtures, builder runs)"]
+    for (kind, name), (runs, wall, cpu) in sorted(totals.items(), key=lambda t: -t[1][2])[:top]:
+        lines.append(f"{runs:5d} {wall:7.1f} {cpu:7.1f}  {kind}: {name}")
+    steps: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for row in rows:
+        for name, seconds in row.get("steps", []):
+            step = steps[_step_kind(name)]
+            step[0] += 1
+            step[1] += seconds
+    if steps:
+        lines.append(f"\n{'runs':>5} {'wall':>7}  builder's own steps (their ✓ lines)")
+        for name, (runs, wall) in sorted(steps.items(), key=lambda s: -s[1][1])[:top]:
+            lines.append(f"{runs:5d} {wall:7.1f}  {name}")
+    return lines
+
+
 def summarize(path: Path, top: int = 25) -> str:
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    every = [json.loads(line) for line in path.read_text().splitlines()]
+    rows = [row for row in every if "test" in row]
     lines = [f"{'wall':>7} {'self':>7} {'child':>7} {'dockerd':>7}  test"]
     for row in sorted(rows, key=lambda r: -r["wall"])[:top]:
         lines.append(
@@ -138,6 +210,7 @@ def summarize(path: Path, top: int = 25) -> str:
             f"the disk: {read / 1e9:.1f} GB read, {written / 1e9:.1f} GB written; the cores "
             f"waited on I/O {iowait / 60:.1f} CPU-minutes"
         )
+    lines += _spans([row for row in every if "span" in row], top)
     return "\n".join(lines)
 
 

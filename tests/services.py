@@ -104,13 +104,16 @@ def once_per_run(name: str, make: Callable[[Path], dict]) -> dict:
     later asker gets its error at once instead of repeating a half-hour of work."""
     from filelock import FileLock
 
+    from tests.cpu_profile import span
+
     shared = Path(os.environ[SHARED_DIR_ENV])
     record = shared / f"{name}.json"
     with FileLock(shared / f"{name}.lock"):
         if not record.exists():
             folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=shared))
             try:
-                made = make(folder)
+                with span("fixture", name):
+                    made = make(folder)
             except Exception as error:  # an interrupt leaves no record: the run is ending
                 error_text = f"{type(error).__name__}: {error}"[:4000]
                 _write_record(record, {"error": error_text, "remove": [str(folder)]})
