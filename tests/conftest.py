@@ -332,18 +332,20 @@ def test_base(docker_client) -> str:
 
 @pytest.fixture(scope="session")
 def runtime_index_served() -> tuple[str, Path]:
-    """A pypiserver holding what the image's runtime stage needs, for offline builds: one for
-    the run, since its URL is a build argument of the runtime stage (another URL, another
-    runtime layer)."""
+    """A pypiserver holding what the test image's runtime stage needs, for offline builds: one
+    for the run, since its URL is a build argument of the runtime stage (another URL, another
+    runtime layer). Not the current stack's 3 GB of torch wheels: the test image's first
+    build (every engine test waits for it) would wait for their download on a cold cache;
+    that image's test serves them itself."""
     from tests.services import (
         IMAGE_RUNTIME_LOCK,
         once_per_run,
-        runtime_wheelhouses,
+        runtime_wheelhouse,
         start_pypiserver,
     )
 
     def start(folder: Path) -> dict:
-        process, port = start_pypiserver(runtime_wheelhouses(), folder / "pypiserver.log")
+        process, port = start_pypiserver(runtime_wheelhouse(), folder / "pypiserver.log")
         return {"url": f"http://127.0.0.1:{port}/simple/", "pids": [process.pid]}
 
     return once_per_run("runtime-index", start)["url"], IMAGE_RUNTIME_LOCK
@@ -396,9 +398,11 @@ def image_args(test_base: str, runtime_index: tuple[str, Path], *extra: str) -> 
 
 
 @pytest.fixture(scope="session")
-def built_image(github: Upstreams, docker_host, test_base, runtime_index_served, fork_wheels):
+def built_image(github: Upstreams, fork_wheels, docker_host, test_base, runtime_index_served):
     """One built test image for every module that reads it, in either worker: (builder,
-    image record, manifest). Its sources and wheels are the run's (`fork_wheels`)."""
+    image record, manifest). Its sources and wheels are the run's (`fork_wheels`), built
+    before the test base is asked for: on a cold machine one worker builds them while
+    another makes the base (debootstrap: mostly downloads)."""
     from tests.services import once_per_run
 
     def build(root: Path) -> dict:

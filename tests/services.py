@@ -368,11 +368,6 @@ def runtime_wheelhouse(lock: Path = IMAGE_RUNTIME_LOCK) -> Path:
     return _cached_download(name, lock, "--require-hashes", "--no-deps")
 
 
-def runtime_wheelhouses() -> list[Path]:
-    """What the runtime index serves: both test images' runtime wheels."""
-    return [runtime_wheelhouse(IMAGE_RUNTIME_LOCK), runtime_wheelhouse(CURRENT_STACK_RUNTIME_LOCK)]
-
-
 # Debian's torch is its CPU build (PyPI's for Linux is CUDA's: 8 GB with its libraries);
 # libtorch-dev has the unversioned libc10.so name torch-c-dlpack-ext's addon links to.
 BASE_PACKAGES = "python3,python3-venv,python3-dev,g++,ca-certificates,python3-torch,libtorch-dev"

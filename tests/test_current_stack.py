@@ -30,6 +30,7 @@ from tests.services import (
     CURRENT_STACK_RUNTIME_LOCK,
     TEST_PYTHON,
     once_per_run,
+    runtime_wheelhouse,
     start_git_daemon,
     start_pypiserver,
 )
@@ -486,11 +487,10 @@ def _release_extensions(wheel: Path) -> dict[str, str]:
 def test_the_current_stack_builds_into_an_image(
     tmp_path: Path,
     flashinfer_upstream: tuple[str, str],
+    flashinfer_wheel: dict,
     docker_host: str,
     docker_client,
     test_base: str,
-    runtime_index_served: tuple[str, Path],
-    flashinfer_wheel: dict,
 ) -> None:
     """`builder image --target sm120` on the real engine: sglang 0.5.23 from its released
     wheel (re-pinned to the cp313 file for the suite's Python 3.13 base), flashinfer 0.7.2
@@ -498,8 +498,10 @@ def test_the_current_stack_builds_into_an_image(
     target's 12.0f and checked to load from the kernel wheel. The runtime stage installs
     tests/data/current-stack-runtime-lock.txt (PyPI's torch 2.7.1: flashinfer 0.7.2 needs
     torch >= 2.7, newer than the test base's); the target's own lock is checked against
-    these wheels by the test above. The flashinfer mirror and wheel are the run's ones
-    (`flashinfer_wheel`)."""
+    these wheels by the test above, served by this test's own index beside the release (no
+    other image needs them). The flashinfer mirror and wheel are the run's ones
+    (`flashinfer_wheel`), built before the test base is asked for: on a cold machine while
+    another worker makes it."""
     import pygit2
 
     from builder.release import import_wheel
@@ -513,7 +515,11 @@ def test_the_current_stack_builds_into_an_image(
     packages = tmp_path / "index"
     packages.mkdir()
     shutil.copy(release, packages)
-    process, port = start_pypiserver(packages, tmp_path / "pypiserver.log")
+    # One index for the release (builder's --mirror) and the runtime stage's wheels: a
+    # runtime layer of its own (another lock), so it need not wait for the test image's.
+    process, port = start_pypiserver(
+        [packages, runtime_wheelhouse(CURRENT_STACK_RUNTIME_LOCK)], tmp_path / "pypiserver.log"
+    )
     try:
         builder = _builder(tmp_path, f"https://pypi.org/simple=http://127.0.0.1:{port}/simple")
         builder.env["DOCKER_HOST"] = docker_host
@@ -537,9 +543,7 @@ def test_the_current_stack_builds_into_an_image(
             flashinfer_pin.read_text().replace(FLASHINFER_PIN["commit"], flashinfer_commit)
         )
         seed_from_the_run(builder, flashinfer_wheel, "mirrors", "wheels")
-        # The index alone, not `runtime_index`: this image's runtime layer is its own (another
-        # lock), so it need not wait for the test image to make the shared one.
-        index_url, _ = runtime_index_served
+        index_url = f"http://127.0.0.1:{port}/simple/"
         args = image_args(
             test_base, (index_url, CURRENT_STACK_RUNTIME_LOCK), "--json", "--jit-modules", PCIE_IPC
         )

@@ -67,11 +67,11 @@ def _harvest(builder: Builder, docker_host: str, name: str) -> subprocess.Comple
 def test_a_module_compiled_at_start_is_reported_harvested_and_compiled_into_the_next_image(
     tmp_path: Path,
     github: Upstreams,
+    built_image,  # first: the run's first engine test, it starts with the run's fork wheels
     docker_host,
     docker_client,
     test_base,
     runtime_index,
-    built_image,
 ) -> None:
     builder = builder_in(tmp_path, github, docker_host)
     # A build host whose kernel cache holds the session image's modules: its first build
