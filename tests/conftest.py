@@ -352,6 +352,22 @@ def runtime_index_served() -> tuple[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def current_stack_wheels() -> Path:
+    """The current stack's runtime wheels (PyPI's torch 2.7.1 and its CUDA libraries, 3 GB),
+    cached per machine; on a cold cache downloaded once, by the first test to ask, while
+    the test image's builds go on."""
+    from tests.services import CURRENT_STACK_RUNTIME_LOCK, once_per_run, runtime_wheelhouse
+
+    def download(folder: Path) -> dict:
+        return {
+            "path": str(runtime_wheelhouse(CURRENT_STACK_RUNTIME_LOCK)),
+            "remove": [str(folder)],
+        }
+
+    return Path(once_per_run("current-stack-wheels", download)["path"])
+
+
+@pytest.fixture(scope="session")
 def runtime_index(runtime_index_served: tuple[str, Path], built_image) -> tuple[str, Path]:
     """The runtime index, once the engine holds the runtime stage: built by the test image
     (`built_image`), so no two builds on the shared engine make that layer at once (a test

@@ -30,7 +30,6 @@ from tests.services import (
     CURRENT_STACK_RUNTIME_LOCK,
     TEST_PYTHON,
     once_per_run,
-    runtime_wheelhouse,
     start_git_daemon,
     start_pypiserver,
 )
@@ -491,6 +490,7 @@ def test_the_current_stack_builds_into_an_image(
     docker_host: str,
     docker_client,
     test_base: str,
+    current_stack_wheels: Path,
 ) -> None:
     """`builder image --target sm120` on the real engine: sglang 0.5.23 from its released
     wheel (re-pinned to the cp313 file for the suite's Python 3.13 base), flashinfer 0.7.2
@@ -517,9 +517,7 @@ def test_the_current_stack_builds_into_an_image(
     shutil.copy(release, packages)
     # One index for the release (builder's --mirror) and the runtime stage's wheels: a
     # runtime layer of its own (another lock), so it need not wait for the test image's.
-    process, port = start_pypiserver(
-        [packages, runtime_wheelhouse(CURRENT_STACK_RUNTIME_LOCK)], tmp_path / "pypiserver.log"
-    )
+    process, port = start_pypiserver([packages, current_stack_wheels], tmp_path / "pypiserver.log")
     try:
         builder = _builder(tmp_path, f"https://pypi.org/simple=http://127.0.0.1:{port}/simple")
         builder.env["DOCKER_HOST"] = docker_host

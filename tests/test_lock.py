@@ -129,23 +129,36 @@ def test_what_the_base_provides_is_the_bases_to_meet() -> None:
 
 
 def test_base_provides_leaves_it_out_with_what_only_it_requires(
-    builder, runtime_index_served, tmp_path: Path
+    builder, runtime_index_served, current_stack_wheels: Path, tmp_path: Path
 ) -> None:
-    """`builder lock --base-provides torch` against the suite's runtime index (which holds
-    PyPI's torch and its CUDA libraries): the test image's lock, torch and its 8 GB left out;
-    without the option they are back."""
-    from tests.services import IMAGE_RUNTIME_LOCK, IMAGE_RUNTIME_REQUIREMENTS, TEST_PYTHON
+    """`builder lock --base-provides torch` against an index holding the test image's
+    runtime wheels (`runtime_index_served`: downloaded once for the run) and PyPI's torch
+    with its CUDA libraries: the test image's lock, torch and its 8 GB left out; without the
+    option they are back."""
+    from tests.services import (
+        IMAGE_RUNTIME_LOCK,
+        IMAGE_RUNTIME_REQUIREMENTS,
+        TEST_PYTHON,
+        runtime_wheelhouse,
+        start_pypiserver,
+    )
 
-    index_url, _ = runtime_index_served
+    process, port = start_pypiserver(
+        [runtime_wheelhouse(), current_stack_wheels], tmp_path / "pypiserver.log"
+    )
     made = {}
-    for name, extra in (("base", ("--base-provides", "torch")), ("pypi", ())):
-        out = tmp_path / f"{name}.txt"
-        builder.run(
-            "lock", "--runtime-requirements", str(IMAGE_RUNTIME_REQUIREMENTS),
-            "--python-version", TEST_PYTHON, "--python-platform", "x86_64-manylinux_2_28",
-            "--pip-index-url", index_url, "--pip-extra-index-url=", "--out", str(out), *extra,
-        )  # fmt: skip
-        made[name] = lock.parse(out)
+    try:
+        for name, extra in (("base", ("--base-provides", "torch")), ("pypi", ())):
+            out = tmp_path / f"{name}.txt"
+            builder.run(
+                "lock", "--runtime-requirements", str(IMAGE_RUNTIME_REQUIREMENTS),
+                "--python-version", TEST_PYTHON, "--python-platform", "x86_64-manylinux_2_28",
+                "--pip-index-url", f"http://127.0.0.1:{port}/simple/", "--pip-extra-index-url=",
+                "--out", str(out), *extra,
+            )  # fmt: skip
+            made[name] = lock.parse(out)
+    finally:
+        process.terminate()
     committed = lock.parse(IMAGE_RUNTIME_LOCK)
     versions = {n: p.version for n, p in made["base"].packages.items()}
     assert versions == {n: p.version for n, p in committed.packages.items()}
