@@ -423,7 +423,7 @@ def built_image(github: Upstreams, fork_wheels, docker_host, test_base, runtime_
     """One built test image for every module that reads it, in either worker: (builder,
     image record, manifest). Its sources and wheels are the run's (`fork_wheels`), built
     before the test base is asked for: on a cold machine one worker builds them while
-    another makes the base (debootstrap: mostly downloads)."""
+    another makes the base (mmdebstrap: downloads, then dpkg)."""
     from tests.services import once_per_run
 
     def build(root: Path) -> dict:

@@ -16,10 +16,12 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -276,7 +278,7 @@ def start_pypiserver(
     folders = packages if isinstance(packages, list) else [packages]
     port = free_port()
     command = [
-        str(Path(os.sys.executable).parent / "pypi-server"), "run",
+        str(Path(sys.executable).parent / "pypi-server"), "run",
         "-i", "127.0.0.1", "-p", str(port), "--disable-fallback", "--hash-algo", "sha256",
     ]  # fmt: skip
     if auth:
@@ -327,7 +329,7 @@ def _pip_download(requirements: list[str], destination: Path, *options: str) -> 
     partial.mkdir(parents=True)
     subprocess.run(
         [
-            os.sys.executable, "-m", "pip", "--isolated", "download", "-q",
+            sys.executable, "-m", "pip", "--isolated", "download", "-q",
             "--disable-pip-version-check", "--only-binary=:all:",
             "--python-version", TEST_PYTHON, "--platform", "manylinux_2_28_x86_64",
             "--platform", "manylinux_2_27_x86_64", "--platform", "manylinux_2_17_x86_64",
@@ -369,8 +371,12 @@ def runtime_wheelhouse(lock: Path = IMAGE_RUNTIME_LOCK) -> Path:
 
 
 # Debian's torch is its CPU build (PyPI's for Linux is CUDA's: 8 GB with its libraries);
-# libtorch-dev has the unversioned libc10.so name torch-c-dlpack-ext's addon links to.
-BASE_PACKAGES = "python3,python3-venv,python3-dev,g++,ca-certificates,python3-torch,libtorch-dev"
+# libtorch-dev has the unversioned libc10.so name torch-c-dlpack-ext's addon links to;
+# torch.utils.cpp_extension imports setuptools (which debootstrap's resolver brought along).
+BASE_PACKAGES = (
+    "python3,python3-venv,python3-dev,g++,ca-certificates,python3-torch,libtorch-dev,"
+    "python3-setuptools"
+)
 # What no test runs, dropped from the root filesystem: every MB of the base is gzipped by the
 # first push, imported by the second engine and sent with every saved context (520 MB: docs,
 # apt's lists, torch's and gcc's test and debug tools, static libpython, sanitizer runtimes,
@@ -388,33 +394,51 @@ BASE_PRUNE = (
 )  # fmt: skip
 
 
-def _debootstrap(destination: Path) -> Path:
-    recipe = hashlib.sha256(repr((BASE_PACKAGES, BASE_PRUNE)).encode()).hexdigest()[:8]
-    archive = CACHE / f"rootfs-{DEBIAN_SUITE}-{recipe}.tar"
-    if archive.exists():
-        return archive
-    staging = destination / "rootfs"
-    subprocess.run(
-        [
-            "debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}",
-            DEBIAN_SUITE, str(staging), "http://deb.debian.org/debian",
-        ],
-        check=True, capture_output=True,
-    )  # fmt: skip
+def prune_rootfs(root: str) -> None:
+    """BASE_PRUNE out of the root filesystem at `root` (mmdebstrap's customize hook)."""
     for pattern in BASE_PRUNE:
-        for junk in list(staging.glob(pattern)):
+        for junk in list(Path(root).glob(pattern)):
             if not junk.exists() and not junk.is_symlink():  # inside one removed before
                 continue
             if junk.is_dir() and not junk.is_symlink():
                 shutil.rmtree(junk)
             else:
                 junk.unlink()
+
+
+# dpkg never writes these (pruned after the fact, they were written and then deleted).
+_NOT_UNPACKED = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*")
+
+
+def _bootstrap(destination: Path) -> Path:
+    """Debian with BASE_PACKAGES as one tar, made once per machine. mmdebstrap, not
+    debootstrap: apt resolves and unpacks in one pass and the tar is written straight from
+    its staging folder (measured on a 2-core machine, cold: 78 s and 76 CPU-s against
+    debootstrap's 100 s and 108 CPU-s before its tar)."""
+    recipe = hashlib.sha256(
+        repr(("mmdebstrap", BASE_PACKAGES, _NOT_UNPACKED, BASE_PRUNE)).encode()
+    ).hexdigest()[:8]
+    archive = CACHE / f"rootfs-{DEBIAN_SUITE}-{recipe}.tar"
+    if archive.exists():
+        return archive
+    prune = (
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "from tests.services import prune_rootfs; prune_rootfs(sys.argv[2])"
+    )
+    hook = shlex.join([sys.executable, "-c", prune, str(Path(__file__).parents[1])]) + ' "$1"'
     partial = archive.with_suffix(".partial")
-    with tarfile.open(partial, "w") as tar:
-        tar.add(staging, arcname=".")
+    subprocess.run(
+        [
+            "mmdebstrap", "--mode=root", "--variant=minbase", "--format=tar",
+            f"--include={BASE_PACKAGES}",
+            *(f"--dpkgopt=path-exclude={path}" for path in _NOT_UNPACKED),
+            f"--customize-hook={hook}",
+            DEBIAN_SUITE, str(partial), "http://deb.debian.org/debian",
+        ],
+        check=True, capture_output=True, env={**os.environ, "TMPDIR": str(destination)},
+    )  # fmt: skip
     partial.replace(archive)
     _remove_earlier(archive, recipe)  # an earlier recipe's: a GB each
-    shutil.rmtree(staging)
     return archive
 
 
@@ -450,7 +474,7 @@ def _base_archive(workdir: Path) -> Path:
     """The test base's root filesystem as one tar (`docker import`'s input), made once per
     machine and kept beside the root filesystem it is made from, keyed by the base's tag,
     that root filesystem, the CUDA toolkit's pins and this host's CA bundle."""
-    rootfs = _debootstrap(workdir)
+    rootfs = _bootstrap(workdir)
     ca_bundle = Path("/etc/ssl/certs/ca-certificates.crt")
     key = hashlib.sha256(
         f"{TEST_BASE} {rootfs.name}".encode() + CUDA_TOOLKIT.read_bytes() + ca_bundle.read_bytes()
