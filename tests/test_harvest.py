@@ -67,7 +67,7 @@ def _harvest(builder: Builder, docker_host: str, name: str) -> subprocess.Comple
 def test_a_module_compiled_at_start_is_reported_harvested_and_compiled_into_the_next_image(
     tmp_path: Path,
     github: Upstreams,
-    built_image,  # first: the run's first engine test, it starts with the run's fork wheels
+    built_image,  # first: the run's first engine test builds the fork wheels before the base
     docker_host,
     docker_client,
     test_base,
