@@ -198,10 +198,16 @@ class Builder:
     wheelhouse: Path
     env: dict[str, str] = field(default_factory=dict)
 
-    def command(self, *args: str) -> list[str]:
+    @staticmethod
+    def _split(args: tuple[str, ...]) -> tuple[str, list[str]]:
+        """(the command, e.g. "image" or "patches check", the rest of `args`)."""
         command, *rest = args
         if command in ("patches", "upstream"):  # these take the options after the action
             command, rest = f"{command} {rest[0]}", rest[1:]
+        return command, rest
+
+    def command(self, *args: str) -> list[str]:
+        command, rest = self._split(args)
         options = [] if command == "verify" else ["--data-dir", str(self.data_dir)]
         fetches = ("sources", "patch", "wheels", "lock", "image", "publish", "patches", "upstream")
         if command.split()[0] in fetches and command != "patches list":
@@ -222,8 +228,8 @@ class Builder:
         }
         from tests.cpu_profile import note_steps, span
 
-        name = " ".join(args[:2] if args[0] in ("patches", "upstream") else args[:1])
-        with span("builder", name + (" --plan" if "--plan" in args else "")) as noted:
+        name = self._split(args)[0] + (" --plan" if "--plan" in args else "")
+        with span("builder", name) as noted:
             result = subprocess.run(
                 self.command(*args), capture_output=True, text=True, env=env, cwd=REPO_ROOT
             )
