@@ -75,6 +75,12 @@ class Upstreams:
 # ends when its last group does); xdist's own order, most tests first, would leave the
 # one-test group of the current stack to the end.
 _ENGINE_FIXTURES = {"docker_host", "docker_client", "registry"}
+# A test that reaches the engine itself (not the registry alone) is marked `engine`: its own
+# command (`./scripts/test -m engine`), which CI runs after the default one. The default run
+# then makes no test base, no image and no kernel: on a 2-core machine whose gauge reads
+# 9-10 s the engine's tests alone are longer than the default run's goal of 15 minutes
+# (docs/test-times.md, 2026-12-07).
+_ENGINE_ITSELF = {"docker_host", "docker_client"}
 _ENGINE_GROUPS = {
     "tests.test_current_stack": "docker-engine-current-stack",
     "tests.test_kernels_shared": "docker-engine-kernels-shared",
@@ -118,13 +124,19 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             stop_shared_services(shared)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
+# tryfirst: before xdist reads the groups into the node ids, and before `-m` deselects by
+# the `engine` marker set here.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         # By the fixtures it asks for (directly or through others), not by the module's
         # `docker` marker: a test of a docker module that reaches no engine (bad input, a
         # daemon that is down) runs beside the engine's groups.
         module = item.module.__name__
+        # heavy and gpu keep their own commands: `-m engine` is the engine's share of CI.
+        own_command = item.get_closest_marker("heavy") or item.get_closest_marker("gpu")
+        if _ENGINE_ITSELF & set(item.fixturenames) and not own_command:
+            item.add_marker(pytest.mark.engine)
         if _ENGINE_FIXTURES & set(item.fixturenames):
             group = _ENGINE_GROUPS.get(module, "docker-engine")
         else:

@@ -205,4 +205,14 @@ def test_the_workflow_runs_the_check_the_move_and_the_project_s_tests() -> None:
     assert pull["needs"] == ["check", "test"]
     assert "scripts/upstream_github.py pr" in "\n".join(s.get("run", "") for s in pull["steps"])
     assert workflow["permissions"] == {"contents": "read"}
-    assert (REPO_ROOT / ".ci/run").read_text().strip().endswith("./scripts/test")
+
+
+def test_ci_runs_both_of_readme_s_test_commands() -> None:
+    """The default run leaves the engine's tests out (`engine`, tests/conftest.py): CI runs
+    them as README's second command, so every check still runs on each change."""
+    lines = (REPO_ROOT / ".ci/run").read_text().splitlines()
+    ci = [line for line in lines if line.startswith("./")]
+    assert ci == ["./scripts/test", "./scripts/test -m engine"]
+    readme = (REPO_ROOT / "README.md").read_text().split("\n## ")[0]
+    for command in ci:
+        assert f"\n    {command}\n" in readme, command
