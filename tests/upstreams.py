@@ -40,9 +40,14 @@ _GIT_ENV = {
     "GIT_CONFIG_NOSYSTEM": "1",
     "HOME": "/nonexistent",
     # The extracted sdist files belong to the archive's uid, not to us.
-    "GIT_CONFIG_COUNT": "1",
+    "GIT_CONFIG_COUNT": "2",
     "GIT_CONFIG_KEY_0": "safe.directory",
     "GIT_CONFIG_VALUE_0": "*",
+    # No `git gc --auto` after a commit: it detaches, and packed the loose objects away while
+    # the bare clone copied them (a copy, not links, where the work tree is on another file
+    # system than the cache: scripts/scratch). The bare repository is packed anyway.
+    "GIT_CONFIG_KEY_1": "gc.auto",
+    "GIT_CONFIG_VALUE_1": "0",
 }
 
 # Files the sdist build generates that upstream git does not track.

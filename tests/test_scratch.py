@@ -1,0 +1,88 @@
+"""scripts/scratch: the test run's temporary files on a journaled loop file system, where the
+temporary folder is on ext4 without a journal (docs/test-times.md, 2026-12-07). Real loop
+mounts and real mkfs; root only, as scripts/test uses it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+SCRATCH = REPO_ROOT / "scripts/scratch"
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("mkfs.ext4") or not Path("/dev/loop-control").exists(),
+    reason="needs root, mkfs.ext4 and loop devices",
+)
+
+
+def _scratch(*args: str, tmpdir: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **({"TMPDIR": str(tmpdir)} if tmpdir else {})}
+    return subprocess.run([SCRATCH, *args], env=env, capture_output=True, text=True)
+
+
+@pytest.fixture
+def small_ext4(tmp_path: Path):
+    """Mount a 64 MB ext4 file system, with or without a journal, on tmp_path/NAME."""
+    mounted = []
+
+    def make(name: str, *features: str) -> Path:
+        image, point = tmp_path / f"{name}.img", tmp_path / name
+        point.mkdir()
+        subprocess.run(["truncate", "-s", "64M", image], check=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", *features, image], check=True)
+        subprocess.run(["mount", "-o", "loop", image, point], check=True)
+        mounted.append(point)
+        return point
+
+    yield make
+    for point in mounted:
+        subprocess.run(["umount", point], check=True)
+
+
+def test_needed_only_on_ext4_without_a_journal(small_ext4) -> None:
+    assert _scratch("needed", tmpdir=small_ext4("bare", "-O", "^has_journal")).returncode == 0
+    assert _scratch("needed", tmpdir=small_ext4("journaled")).returncode == 1
+    assert _scratch("needed", tmpdir=Path("/dev/shm")).returncode == 1  # tmpfs
+
+
+def _mount(folder: Path) -> None:
+    made = _scratch("mount", str(folder))
+    if made.returncode and "under 30 GB free" in made.stderr:
+        pytest.skip(made.stderr.strip())
+    assert made.returncode == 0, made.stderr
+
+
+def test_mount_gives_a_journaled_folder_and_release_leaves_nothing(tmp_path: Path) -> None:
+    _mount(tmp_path)
+    try:
+        point = tmp_path / "fs"
+        assert subprocess.run(["mountpoint", "-q", point]).returncode == 0
+        assert point.stat().st_mode & 0o7777 == 0o1777
+        assert _scratch("needed", tmpdir=point).returncode == 1  # journaled: never needed again
+    finally:
+        released = _scratch("release", str(tmp_path))
+    assert released.returncode == 0, released.stderr
+    assert subprocess.run(["mountpoint", "-q", tmp_path / "fs"]).returncode != 0
+    assert not (tmp_path / "fs.img").exists()
+
+
+def test_a_second_mount_replaces_one_a_killed_run_left(tmp_path: Path) -> None:
+    _mount(tmp_path)
+    (tmp_path / "fs" / "left-over").write_text("from a killed run")
+    try:
+        _mount(tmp_path)
+        assert not (tmp_path / "fs" / "left-over").exists()
+    finally:
+        assert _scratch("release", str(tmp_path)).returncode == 0
+
+
+def test_usage_is_one_line_and_exit_2() -> None:
+    result = _scratch("mount")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "usage: scripts/scratch needed | mount DIR | release DIR"
