@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -58,31 +60,67 @@ def _mount(folder: Path) -> None:
     assert made.returncode == 0, made.stderr
 
 
+def _mounted(point: Path) -> bool:
+    return subprocess.run(["mountpoint", "-q", point]).returncode == 0
+
+
 def test_mount_gives_a_journaled_folder_and_release_leaves_nothing(tmp_path: Path) -> None:
-    _mount(tmp_path)
+    folder = tmp_path / "scratch"
+    _mount(folder)
     try:
-        point = tmp_path / "fs"
-        assert subprocess.run(["mountpoint", "-q", point]).returncode == 0
+        point = folder / "fs"
+        assert _mounted(point)
         assert point.stat().st_mode & 0o7777 == 0o1777
         assert _scratch("needed", tmpdir=point).returncode == 1  # journaled: never needed again
+        again = _scratch("mount", str(folder))  # never a second mount over a run's own
+        assert again.returncode == 1 and "mounted already" in again.stderr
     finally:
-        released = _scratch("release", str(tmp_path))
+        released = _scratch("release", str(folder))
     assert released.returncode == 0, released.stderr
-    assert subprocess.run(["mountpoint", "-q", tmp_path / "fs"]).returncode != 0
-    assert not (tmp_path / "fs.img").exists()
+    assert not folder.exists()
 
 
-def test_a_second_mount_replaces_one_a_killed_run_left(tmp_path: Path) -> None:
-    _mount(tmp_path)
-    (tmp_path / "fs" / "left-over").write_text("from a killed run")
+def test_release_lets_go_of_a_file_system_something_still_holds(tmp_path: Path) -> None:
+    """An engine killed with its mounts inside, here a process whose folder is in it: the
+    release unmounts lazily and the folder is gone at once."""
+    folder = tmp_path / "scratch"
+    _mount(folder)
+    holder = subprocess.Popen(["sleep", "60"], cwd=folder / "fs")
     try:
-        _mount(tmp_path)
-        assert not (tmp_path / "fs" / "left-over").exists()
+        released = _scratch("release", str(folder))
+        assert released.returncode == 0, released.stderr
+        assert not folder.exists()
     finally:
-        assert _scratch("release", str(tmp_path)).returncode == 0
+        holder.kill()
+        holder.wait()
+
+
+def test_release_stale_takes_only_what_no_run_holds(tmp_path: Path) -> None:
+    """Two folders a run would make (/var/tmp/builder-test-scratch.*), one with its lock
+    held: only the other is released. Both are made an hour old (one just made is left
+    alone: its run may not have locked it yet)."""
+    import fcntl
+
+    held, left = (Path(tempfile.mkdtemp(prefix="builder-test-scratch.", dir="/var/tmp"))
+                  for _ in range(2))  # fmt: skip
+    try:
+        for folder in (held, left):
+            (folder / "lock").touch()
+            os.utime(folder, (time.time() - 3600,) * 2)
+        with (held / "lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            result = _scratch("release-stale")
+        assert result.returncode == 0, result.stderr
+        assert held.exists() and not left.exists()
+        assert f"released {left}" in result.stderr
+    finally:
+        for folder in (held, left):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_usage_is_one_line_and_exit_2() -> None:
     result = _scratch("mount")
     assert result.returncode == 2
-    assert result.stderr.strip() == "usage: scripts/scratch needed | mount DIR | release DIR"
+    assert result.stderr.strip() == (
+        "usage: scripts/scratch needed | mount DIR | release DIR | release-stale"
+    )

@@ -9,6 +9,7 @@ query, headers and body; nothing leaves the machine.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -211,8 +212,28 @@ def test_ci_runs_both_of_readme_s_test_commands() -> None:
     """The default run leaves the engine's tests out (`engine`, tests/conftest.py): CI runs
     them as README's second command, so every check still runs on each change."""
     lines = (REPO_ROOT / ".ci/run").read_text().splitlines()
-    ci = [line for line in lines if line.startswith("./")]
+    ci = [line.split(" || ")[0] for line in lines if line.startswith("./")]
     assert ci == ["./scripts/test", "./scripts/test -m engine"]
     readme = (REPO_ROOT / "README.md").read_text().split("\n## ")[0]
     for command in ci:
         assert f"\n    {command}\n" in readme, command
+
+
+def test_ci_runs_the_engine_s_tests_after_a_failed_default_run(tmp_path: Path) -> None:
+    """.ci/run with a stand-in scripts/test (it records its arguments and fails as told):
+    both commands run, and the first failure's exit code is CI's."""
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(REPO_ROOT / ".ci/run", tmp_path / ".ci/run")
+    stand_in = tmp_path / "scripts/test"
+    for default, engine, expected in ((3, 5, 3), (0, 5, 5), (0, 0, 0)):
+        stand_in.write_text(
+            "#!/usr/bin/env bash\n"
+            'echo "$*" >> "$(dirname "$0")/calls"\n'
+            f'[ "$*" = "-m engine" ] && exit {engine}\nexit {default}\n'
+        )
+        stand_in.chmod(0o755)
+        (tmp_path / "scripts/calls").unlink(missing_ok=True)
+        result = subprocess.run(["bash", tmp_path / ".ci/run"], capture_output=True)
+        assert result.returncode == expected, (default, engine, result.returncode)
+        assert (tmp_path / "scripts/calls").read_text().splitlines() == ["", "-m engine"]

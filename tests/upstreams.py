@@ -198,7 +198,8 @@ def build_history(snapshot: Snapshot, versions: list[str], root: Path) -> dict[s
 
     Made once per machine and kept beside the sdists (the commits are the same on every
     machine: fixed identity and dates), keyed by the snapshot, the versions and this file;
-    each caller gets hard links to them (git writes no file of a repository in place)."""
+    each caller gets hard links to them (git writes no file of a repository in place), or
+    copies where its folder is on another file system (scripts/scratch's)."""
     recipe = hashlib.sha256(repr((snapshot, versions)).encode() + Path(__file__).read_bytes())
     made = SDIST_CACHE / "repositories" / f"{snapshot.name}-{recipe.hexdigest()[:12]}"
     if not (made / _COMMITS).is_file():
