@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -96,25 +95,26 @@ def test_release_lets_go_of_a_file_system_something_still_holds(tmp_path: Path) 
 
 
 def test_release_stale_takes_only_what_no_run_holds(tmp_path: Path) -> None:
-    """Two folders a run would make (/var/tmp/builder-test-scratch.*), one with its lock
-    held: only the other is released. Both are made an hour old (one just made is left
-    alone: its run may not have locked it yet)."""
+    """Three folders a run would make (`scripts/scratch new`): an hour old with its lock
+    held, an hour old with none, and one just made (its run may not have locked it yet):
+    only the second is released."""
     import fcntl
 
-    held, left = (Path(tempfile.mkdtemp(prefix="builder-test-scratch.", dir="/var/tmp"))
-                  for _ in range(2))  # fmt: skip
+    held, left, young = (Path(_scratch("new").stdout.strip()) for _ in range(3))
     try:
-        for folder in (held, left):
+        for folder in (held, left, young):
+            assert folder.name.startswith("builder-test-scratch.") and folder.is_dir()
             (folder / "lock").touch()
+        for folder in (held, left):
             os.utime(folder, (time.time() - 3600,) * 2)
         with (held / "lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             result = _scratch("release-stale")
         assert result.returncode == 0, result.stderr
-        assert held.exists() and not left.exists()
+        assert held.exists() and young.exists() and not left.exists()
         assert f"released {left}" in result.stderr
     finally:
-        for folder in (held, left):
+        for folder in (held, left, young):
             shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -122,5 +122,5 @@ def test_usage_is_one_line_and_exit_2() -> None:
     result = _scratch("mount")
     assert result.returncode == 2
     assert result.stderr.strip() == (
-        "usage: scripts/scratch needed | mount DIR | release DIR | release-stale"
+        "usage: scripts/scratch needed | new | mount DIR | release DIR | release-stale"
     )

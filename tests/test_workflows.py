@@ -212,7 +212,7 @@ def test_ci_runs_both_of_readme_s_test_commands() -> None:
     """The default run leaves the engine's tests out (`engine`, tests/conftest.py): CI runs
     them as README's second command, so every check still runs on each change."""
     lines = (REPO_ROOT / ".ci/run").read_text().splitlines()
-    ci = [line.split(" || ")[0] for line in lines if line.startswith("./")]
+    ci = [line for line in lines if line.startswith("./")]
     assert ci == ["./scripts/test", "./scripts/test -m engine"]
     readme = (REPO_ROOT / "README.md").read_text().split("\n## ")[0]
     for command in ci:
