@@ -189,6 +189,7 @@ def _runtime_lock(target: Target, wheels: dict[str, BuiltWheel], options: ImageO
             python=target.image.python,
             platform=target.image.platform,
             requirements=runtime_inputs(target, wheels_requirements(wheels)),
+            build_from_source=target.image.build_from_source,
         )
     lock.refuse_excluded(chosen, target.image.exclude_requirements)
     return chosen
@@ -243,6 +244,7 @@ def local_plan(target: Target, wheels: dict[str, BuiltWheel], options: ImageOpti
             "file": str(options.runtime_requirements or target.image.lock),
             "packages": len(runtime_lock.packages),
             "base_provides": list(runtime_lock.base_provides),
+            "builds_from_source": list(runtime_lock.builds_from_source),
         },
         "kernels": [
             {"generator": call, "harvested_from": harvested.get(call, {}).get("pack")}
@@ -327,6 +329,8 @@ def plan(
         "JIT_MODULES": json.dumps(list(jit_modules)),
         "RUNTIME_REQUIRE_HASHES": "1" if runtime_lock.hashed else "",
         "BASE_PROVIDES": " ".join(runtime_lock.base_provides),
+        "RUNTIME_ONLY_BINARY": ":all:" if runtime_lock.made_by_builder else "",
+        "RUNTIME_NO_BINARY": ",".join(runtime_lock.builds_from_source),
     }
 
     reference = f"{target.image.repository}:{tag}"

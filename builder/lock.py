@@ -4,6 +4,12 @@
 wheels' own requirements) once, with uv, for the target's Python and platform, into a
 reviewed file under images/<target>/. The image installs from it with `--require-hashes`:
 one lock, one set of packages, whatever the index offers on the day of the build.
+
+Resolving never builds: uv takes wheels only, because reading a source distribution's metadata
+runs its build backend here, with this host's HOME and the index's credentials at hand, and
+whoever publishes any release in the dependency tree would choose that code. A distribution a
+site must take as source is named in the target's `[image] build_from_source`, and the lock
+records the list.
 """
 
 from __future__ import annotations
@@ -23,10 +29,17 @@ from packaging.utils import canonicalize_name
 from builder import progress
 from builder.cache import atomic_write_text, content_key
 from builder.errors import BuilderError, Unreachable
+from builder.untrusted import printable
 from builder.urls import redact
 
 RESOLVE_TIMEOUT_S = 30 * 60  # uv against a slow index; a hang is not a resolution
-_HEADER = re.compile(r"^# (python|platform|index|inputs|base provides): (\S+)$", re.MULTILINE)
+_HEADER = re.compile(
+    r"^# (python|platform|index|inputs|base provides|builds from source): (\S+)$", re.MULTILINE
+)
+# uv's answer when a requirement has only a source distribution (or no wheel for the platform)
+_NO_WHEEL = re.compile(
+    r"Wheels are required for `([^`]+)`|\b([A-Za-z0-9._-]+)(?:==\S+)? has no usable wheels"
+)
 # pip's forms: --hash=sha256:HEX or --hash sha256:HEX (sha384/sha512 accepted as well).
 _HASH = re.compile(r"--hash[= ](sha256|sha384|sha512):([0-9a-fA-F]+)")
 _OPTIONS = re.compile(r"\s--?[A-Za-z]")
@@ -57,7 +70,7 @@ class Lock:
     path: Path
     text: str
     packages: dict[str, LockedPackage]
-    header: dict[str, str]  # python, platform, index, inputs, base provides (`builder lock`'s)
+    header: dict[str, str]  # python, platform, index, inputs, base provides, builds from source
     options: tuple[str, ...]  # pip option lines (--find-links ...): a user's file only
 
     @property
@@ -72,6 +85,18 @@ class Lock:
         return tuple(name for name in listed.split(",") if name)
 
     @property
+    def made_by_builder(self) -> bool:
+        """Resolved by `builder lock` (wheels only), not a user's own requirements file."""
+        return "python" in self.header and "inputs" in self.header
+
+    @property
+    def builds_from_source(self) -> tuple[str, ...]:
+        """The distributions its resolution was allowed to take as source (the target's
+        `[image] build_from_source` when it was made)."""
+        listed = self.header.get("builds from source", "")
+        return tuple(name for name in listed.split(",") if name)
+
+    @property
     def sha256(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()
 
@@ -82,6 +107,7 @@ class Lock:
             "sha256": self.sha256,
             "hashed": self.hashed,
             "base_provides": list(self.base_provides),
+            "builds_from_source": list(self.builds_from_source),
         }
 
 
@@ -211,10 +237,17 @@ def inputs_digest(requirements: list[str]) -> str:
 
 
 def refuse_stale(
-    chosen: Lock, *, target: str, python: str, platform: str, requirements: list[Requirement]
+    chosen: Lock,
+    *,
+    target: str,
+    python: str,
+    platform: str,
+    requirements: list[Requirement],
+    build_from_source: tuple[str, ...] = (),
 ) -> None:
     """The target's lock must be hashed, made for the image's Python and platform, satisfy
-    every requirement and have been resolved from exactly these requirements."""
+    every requirement, have been resolved from exactly these requirements and with exactly
+    the target's allowance of source distributions."""
     fix = f"run `builder lock --target {target}` and review the change"
     path = chosen.path
     if chosen.options:
@@ -233,6 +266,13 @@ def refuse_stale(
             f"{path}: stale lock: resolved from other requirements than the wheels' and the "
             f"target's pins now (one was added, dropped or changed); {fix}"
         )
+    if chosen.builds_from_source != tuple(sorted(build_from_source)):
+        made = ", ".join(chosen.builds_from_source) or "none"
+        now = ", ".join(sorted(build_from_source)) or "none"
+        raise BuilderError(
+            f"{path}: stale lock: resolved with source distributions allowed for {made}, the "
+            f"target's [image] build_from_source is {now}; {fix}"
+        )
 
 
 def header(
@@ -242,6 +282,7 @@ def header(
     index: str,
     inputs: list[str],
     base_provides: tuple[str, ...] = (),
+    build_from_source: tuple[str, ...] = (),
 ) -> str:
     made_by = f"builder lock --target {target}" + "".join(
         f" --base-provides {name}" for name in base_provides
@@ -255,6 +296,8 @@ def header(
     )
     if base_provides:  # and whatever only they require: the base's Python has it
         text += f"# base provides: {','.join(base_provides)}\n"
+    if build_from_source:  # the target's allowance: each of these ran its build code here
+        text += f"# builds from source: {','.join(sorted(build_from_source))}\n"
     return text
 
 
@@ -270,12 +313,14 @@ def resolve(
     cache_dir: Path,
     refused: dict[str, str],
     base_provides: tuple[str, ...] = (),
+    build_from_source: tuple[str, ...] = (),
 ) -> Lock:
     """Resolve `inputs` (requirement lines) with uv for the image's Python and platform and
     write the lock to `output` (atomically: a failed resolution, or one that pulls in a
     package of `refused` {name: why}, leaves the old file). `base_provides` are left out
     with what only they require: an override no platform matches drops them from the
-    resolution (the base image's Python has them)."""
+    resolution (the base image's Python has them). Wheels only, but for `build_from_source`:
+    a requirement with no wheel for the platform is refused in one line naming it."""
     from uv import find_uv_bin
 
     with tempfile.TemporaryDirectory(prefix="builder-lock-") as tmp:
@@ -286,8 +331,10 @@ def resolve(
             find_uv_bin(), "pip", "compile", str(requested), "--output-file", str(resolved),
             "--generate-hashes", "--no-header", "--no-annotate", "--quiet",
             "--python-version", python, "--python-platform", platform,
-            "--no-config", "--color", "never",
+            "--no-config", "--color", "never", "--only-binary", ":all:",
         ]  # fmt: skip
+        for name in sorted(build_from_source):  # the source, always: what the lock names
+            command += ["--no-binary", name]
         if base_provides:
             overrides = Path(tmp) / "base-provides.txt"
             overrides.write_text("".join(f"{n} ; sys_platform == 'never'\n" for n in base_provides))
@@ -308,12 +355,14 @@ def resolve(
                     f"within {RESOLVE_TIMEOUT_S // 60} minutes"
                 ) from None
             if run.returncode:
+                _refuse_missing_wheel(run.stderr, target, python, platform, index_url)
                 lines = run.stderr.strip().splitlines()[-6:]
                 detail = " ".join(_redact_urls(line.strip()) for line in lines)
                 source = redact(index_url)
                 raise BuilderError(f"cannot resolve the runtime lock from {source}: {detail}")
         body = resolved.read_text()
-    text = header(target, python, platform, index_url, inputs, base_provides) + body
+    text = header(target, python, platform, index_url, inputs, base_provides, build_from_source)
+    text += body
     lock = parse(output, text)
     for name, why in refused.items():
         refuse_names(
@@ -322,6 +371,21 @@ def resolve(
         )  # fmt: skip
     atomic_write_text(output, text)
     return lock
+
+
+def _refuse_missing_wheel(
+    stderr: str, target: str, python: str, platform: str, index_url: str
+) -> None:
+    found = _NO_WHEEL.search(stderr)
+    if found is None:
+        return
+    name = printable(found.group(1) or found.group(2))
+    raise BuilderError(
+        f"cannot resolve the runtime lock from {redact(index_url)}: {name} has no wheel for "
+        f"python {python} on {platform}, and resolving never builds a source distribution (its "
+        f"build code would run on this host); pin a version of it that has a wheel, or, if it "
+        f"must come as source, name it in [image] build_from_source of target {target}"
+    )
 
 
 def _redact_urls(text: str) -> str:

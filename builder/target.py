@@ -106,6 +106,9 @@ class ImageSettings:
     pip_extra_index_url: str
     requirements: tuple[str, ...]  # pinned on top of the wheels' own requirements
     exclude_requirements: tuple[str, ...]  # never installed (e.g. flashinfer-jit-cache)
+    # Distributions the lock may take as a source distribution: resolving one runs its build
+    # code on the host, so none by default (the lock records the list).
+    build_from_source: tuple[str, ...]
     python: str  # the image's interpreter (X.Y): what the lock is resolved for
     platform: str  # uv's --python-platform for the lock, e.g. x86_64-manylinux_2_39
     lock: Path  # the reviewed runtime lock (`builder lock`); the image installs from it
@@ -273,6 +276,14 @@ def _platform(image: _Reader) -> str:
     return platform
 
 
+def _distribution_names(image: _Reader, key: str) -> tuple[str, ...]:
+    names = image.strings(key, [])
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
+            raise image.fail(key, f"has '{name}', which is not a distribution name")
+    return tuple(sorted({canonicalize_name(name) for name in names}))
+
+
 def _backend_env(build: _Reader) -> dict[str, str]:
     table = build.get("env", dict, {})
     for name, value in table.items():
@@ -433,6 +444,7 @@ def load_target(data_dir: Path, name: str) -> Target:
             pip_extra_index_url=image.get("pip_extra_index_url", str, ""),
             requirements=image.strings("requirements", []),
             exclude_requirements=image.strings("exclude_requirements", []),
+            build_from_source=_distribution_names(image, "build_from_source"),
             python=python,
             platform=_platform(image),
             lock=path.parent / image.get("lock", str, "runtime-lock.txt"),

@@ -391,6 +391,7 @@ def _lock_dry_run(ctx: Context, requirements: list[str], requires: dict, report:
                 platform=target.image.platform, index_url=target.image.pip_index_url,
                 extra_index_url=target.image.pip_extra_index_url, output=Path(tmp) / "lock.txt",
                 cache_dir=ctx.cache_dir, refused=refused,
+                build_from_source=target.image.build_from_source,
             )  # fmt: skip
         except Unreachable as exc:
             report.lock = {"status": "skipped", "detail": str(exc)}

@@ -256,6 +256,7 @@ def relock(ctx: Context, target: Target) -> dict:
         index_url=target.image.pip_index_url, extra_index_url=target.image.pip_extra_index_url,
         output=target.image.lock, cache_dir=ctx.cache_dir, refused=refused,
         base_provides=before.base_provides if before else (),
+        build_from_source=target.image.build_from_source,
     )  # fmt: skip
     old = before.packages if before else {}
     return {

@@ -67,7 +67,7 @@ def cmd_lock(args: argparse.Namespace) -> None:
             raise BuilderError(f"{output}: no such lock (run `builder lock` without --check)")
         lock.refuse_stale(
             lock.parse(output), target=target.name, python=python, platform=platform,
-            requirements=requirements,
+            requirements=requirements, build_from_source=target.image.build_from_source,
         )  # fmt: skip
         emit(args, {"lock": str(output), "stale": False}, [f"{output}: up to date"])
         return
@@ -98,6 +98,7 @@ def cmd_lock(args: argparse.Namespace) -> None:
         cache_dir=ctx.cache_dir,
         refused=refused,
         base_provides=base_provides,
+        build_from_source=target.image.build_from_source,
     )
     after = resolved.packages
     changes = {
@@ -122,7 +123,10 @@ def register(sub) -> None:
         "resolve the image's runtime lock: every package pinned with its sha256",
         "Resolve the runtime requirements (the target's pins and the patched upstreams' own "
         "requirements, read from their sources: no wheel is built) with uv, once, for the "
-        "image's Python and platform, from the target's index. Every package gets "
+        "image's Python and platform, from the target's index, from wheels only: a "
+        "requirement with no wheel is refused in one line naming it (reading a source "
+        "distribution runs its build code), unless the target's [image] build_from_source "
+        "allows it, which the lock records. Every package gets "
         "name==version and the sha256 of each of its files. The lock goes to "
         "images/<target>/runtime-lock.txt, to review and commit; `builder image` installs "
         "from it with --require-hashes and refuses it, in one line, once it no longer "
