@@ -183,29 +183,152 @@ def test_an_api_error_is_one_line(github: _Server, tmp_path: Path) -> None:
     ]
 
 
-def test_the_workflow_runs_the_check_the_move_and_the_project_s_tests() -> None:
-    """What the workflow asks for, read from the file (the steps themselves run on GitHub)."""
+def _workflow(name: str) -> dict:
     import yaml
 
-    workflow = yaml.safe_load((REPO_ROOT / ".github/workflows/upstream.yml").read_text())
+    return yaml.safe_load((REPO_ROOT / ".github/workflows" / name).read_text())
+
+
+def test_the_workflow_checks_moves_tests_then_pushes() -> None:
+    """What the workflow asks for, read from the file (the steps themselves run on GitHub)."""
+    workflow = _workflow("upstream.yml")
     triggers = workflow[True]  # YAML 1.1 reads the key `on` as true
     assert "schedule" in triggers and "workflow_dispatch" in triggers
-    steps = workflow["jobs"]["check"]["steps"]
-    runs = "\n".join(step.get("run", "") for step in steps)
+    jobs = workflow["jobs"]
+    runs = "\n".join(step.get("run", "") for step in jobs["check"]["steps"])
     assert "builder upstream check" in runs and "--json" in runs
-    assert "builder upstream move" in runs and "push --force" not in runs
-    assert "git ls-remote --exit-code --heads origin" in runs  # an existing move is left alone
-    assert "scripts/upstream_github.py issue --label upstream-review" in runs
-    test = workflow["jobs"]["test"]
-    assert test["needs"] == "check"
-    assert test["steps"][-1]["run"].endswith("bash .ci/run")
-    assert test["permissions"] == {"contents": "read"}
-    assert test["steps"][0]["with"]["persist-credentials"] is False
-    # The pull request only after the project's tests passed on the move.
-    pull = workflow["jobs"]["pull-request"]
-    assert pull["needs"] == ["check", "test"]
-    assert "scripts/upstream_github.py pr" in "\n".join(s.get("run", "") for s in pull["steps"])
+    assert "builder upstream move" in runs and "git bundle create" in runs
+    assert jobs["test"]["needs"] == "check"
+    assert jobs["test"]["steps"][-1]["run"].endswith("bash .ci/run")
+    # Pushed, and a pull request opened, only after the project's tests passed on the move.
+    assert jobs["push"]["needs"] == ["check", "test"]
+    assert "push --force" not in _runs(jobs["push"])
+    assert "git ls-remote --exit-code --heads origin" in _runs(jobs["push"])
+    assert jobs["pull-request"]["needs"] == ["check", "push"]
+    assert "scripts/upstream_github.py pr" in _runs(jobs["pull-request"])
+    assert "scripts/upstream_github.py issue --label upstream-review" in _runs(jobs["issue"])
+
+
+def _runs(job: dict) -> str:
+    return "\n".join(step.get("run", "") for step in job["steps"])
+
+
+_UPSTREAM_CODE = ("scripts/setup", ".venv/bin/builder", ".ci/run", "scripts/test", "pip install")
+
+
+@pytest.mark.parametrize("name", [w.name for w in WORKFLOWS])
+def test_no_job_that_runs_upstream_code_holds_a_token_that_writes(name: str) -> None:
+    """#54: whoever publishes a release in the dependency tree chooses code that runs where
+    upstream code runs; there the token only reads and checkout persists none. The jobs that
+    write run none of it (git, and the standard-library GitHub script)."""
+    workflow = _workflow(name)
     assert workflow["permissions"] == {"contents": "read"}
+    for job_name, job in workflow["jobs"].items():
+        permissions = job.get("permissions", workflow["permissions"])
+        writes = sorted(scope for scope, level in permissions.items() if level == "write")
+        runs_upstream = [marker for marker in _UPSTREAM_CODE if marker in _runs(job)]
+        assert not (writes and runs_upstream), (
+            f"{name}: job {job_name} holds {writes} and runs {runs_upstream}"
+        )
+        for step in job["steps"]:
+            if step.get("uses", "").startswith("actions/checkout@") and "contents" not in writes:
+                assert step.get("with", {}).get("persist-credentials") is False, (
+                    f"{name}: job {job_name} persists a token it does not need"
+                )
+
+
+@pytest.mark.parametrize("name", [w.name for w in WORKFLOWS])
+def test_every_action_is_pinned_by_commit(name: str) -> None:
+    import re
+
+    for job in _workflow(name)["jobs"].values():
+        for step in job["steps"]:
+            if "uses" in step:
+                assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", step["uses"]), step["uses"]
+
+
+def _push_step() -> str:
+    (step,) = [
+        s for s in _workflow("upstream.yml")["jobs"]["push"]["steps"] if s.get("id") == "push"
+    ]
+    return step["run"]
+
+
+def _git(cwd: Path, *args: str) -> str:
+    environment = {
+        "PATH": "/usr/bin:/bin", "HOME": str(cwd), "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }  # fmt: skip
+    return subprocess.run(
+        ["git", *args], cwd=cwd, env=environment, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+@pytest.fixture
+def moved(tmp_path: Path) -> dict:
+    """A remote at commit A, a checkout of it, and the check job's bundle of a move onto A."""
+    origin, work = tmp_path / "origin.git", tmp_path / "work"
+    _git(tmp_path, "init", "-q", "--bare", "-b", "main", str(origin))
+    _git(tmp_path, "init", "-q", "-b", "main", str(work))
+    (work / "pin").write_text("0.5.22\n")
+    _git(work, "add", "pin")
+    _git(work, "commit", "-qm", "A")
+    _git(work, "remote", "add", "origin", str(origin))
+    _git(work, "push", "-q", "origin", "main")
+    base = _git(work, "rev-parse", "HEAD")
+    _git(work, "switch", "-qc", "move")
+    (work / "pin").write_text("0.5.23\n")
+    _git(work, "commit", "-qam", "move")
+    bundle = tmp_path / "runner/move/move.bundle"
+    bundle.parent.mkdir(parents=True)
+    _git(work, "bundle", "create", "-q", str(bundle), f"{base}..move")
+    checkout = tmp_path / "checkout"
+    _git(tmp_path, "clone", "-q", str(origin), str(checkout))
+    return {"origin": origin, "checkout": checkout, "base": base, "runner": tmp_path / "runner"}
+
+
+def _push(moved: dict, to: str, sha: str | None = None) -> subprocess.CompletedProcess:
+    output = moved["runner"] / "output"
+    output.write_text("")
+    environment = {
+        "PATH": "/usr/bin:/bin", "HOME": str(moved["runner"]), "TARGET": "sm120", "TO": to,
+        "GITHUB_SHA": sha or moved["base"], "RUNNER_TEMP": str(moved["runner"]),
+        "GITHUB_OUTPUT": str(output),
+    }  # fmt: skip
+    return subprocess.run(
+        ["bash", "-e", "-c", _push_step()], cwd=moved["checkout"], env=environment,
+        capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def test_the_push_job_pushes_the_tested_move_to_its_branch(moved: dict) -> None:
+    pushed = _push(moved, "0.5.23")
+    assert pushed.returncode == 0, pushed.stderr
+    assert (moved["runner"] / "output").read_text() == "branch=upstream/sm120-sglang-0.5.23\n"
+    shown = _git(moved["origin"], "show", "upstream/sm120-sglang-0.5.23:pin")
+    assert shown == "0.5.23"
+    again = _push(moved, "0.5.23")  # a branch that exists is left as it is
+    assert again.returncode == 0 and "left as it is" in again.stdout
+    assert (moved["runner"] / "output").read_text() == ""
+
+
+@pytest.mark.parametrize("to", ["0.5.23 main", "$(touch x)", "../../main", ""])
+def test_the_push_job_refuses_a_version_that_is_not_one(moved: dict, to: str) -> None:
+    refused = _push(moved, to)
+    assert refused.returncode == 1
+    assert refused.stdout.strip() == f"refused: '{to}' is not a version"
+    assert _git(moved["origin"], "branch", "--format=%(refname:short)") == "main"
+
+
+def test_the_push_job_refuses_a_bundle_not_grown_from_this_run_s_commit(moved: dict) -> None:
+    checkout = moved["checkout"]
+    (checkout / "other").write_text("x\n")
+    _git(checkout, "add", "other")
+    _git(checkout, "commit", "-qm", "another base")
+    refused = _push(moved, "0.5.23", sha=_git(checkout, "rev-parse", "HEAD"))
+    assert refused.returncode != 0
+    assert _git(moved["origin"], "branch", "--format=%(refname:short)") == "main"
 
 
 def test_ci_runs_both_of_readme_s_test_commands() -> None:
