@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 
@@ -198,6 +199,12 @@ def _build_side_missing(args: argparse.Namespace) -> list[str]:
     return [name for name in needed if importlib.util.find_spec(name) is None]
 
 
+def _stdout_to_devnull() -> None:
+    """No second BrokenPipeError when the interpreter flushes stdout at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> int:
     global _json_asked
     arguments = sys.argv[1:] if argv is None else list(argv)
@@ -212,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     _json_asked = "--json" in arguments
     _argv[:] = arguments
     parser = build_parser()
+    if not arguments:  # the overview, as `builder --help` gives it
+        parser.print_help()
+        return 0
     args = parser.parse_args(arguments)
     args.argv = arguments
     refused = getattr(args, "json_refused", None)
@@ -234,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     args.debug = getattr(args, "debug", False) or args.verbose
     try:
         args.func(args)
+    except BrokenPipeError:  # `builder … | head`: the reader has what it wanted
+        _stdout_to_devnull()
+        return EXIT_CODES["pipe_closed"]
     except BuilderError as exc:
         code = EXIT_CODES["unreachable" if isinstance(exc, Unreachable) else "error"]
         message = scrub(str(exc))

@@ -16,6 +16,7 @@ EXIT_CODES = {
     "unqualified": 8,  # qualify: a check failed or partial (the receipt says); a sweep chose none
     "unreachable": 9,  # could not check: a daemon, registry, index or remote did not answer
     "interrupted": 130,  # Ctrl-C: the cache is consistent, run the command again
+    "pipe_closed": 141,  # `builder … | head`: the reader stopped reading (128 + SIGPIPE)
 }
 
 EXIT_CODES_HELP = """\
@@ -36,6 +37,7 @@ exit codes:
        Hugging Face hub did not answer (nothing was found wrong; 1 means a check ran and
        found a problem)
   130  interrupted (the cache stays consistent)
+  141  the output's reader stopped reading (`| head`); nothing else went wrong
 With --json, stdout holds one JSON object on failure too: {"ok": false, "error": MESSAGE,
 "exit_code": CODE}.
 """

@@ -252,3 +252,30 @@ def test_every_command_answers_json_or_refuses_it() -> None:
         assert "--json" in parser._option_string_actions, f"builder {name}"
         hidden = parser._option_string_actions["--json"].help == argparse.SUPPRESS
         assert hidden == bool(parser.get_default("json_refused")), f"builder {name}"
+
+
+def test_bare_builder_shows_the_overview() -> None:
+    shown = subprocess.run(
+        [sys.executable, "-m", "builder.cli"], capture_output=True, text=True, cwd=REPO_ROOT
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("usage: builder")
+    assert "exit codes:" in shown.stdout and shown.stderr == ""
+
+
+def test_a_reader_that_stops_reading_is_no_internal_error() -> None:
+    """`builder … | head -1`: the pipe's reader is gone before builder writes (its end is
+    closed here first, so the write always meets it)."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "builder.cli", "completion", "bash"],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert done.stderr == ""
+    assert done.returncode == 141
