@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -50,17 +51,23 @@ class _Version(argparse.Action):
         from builder.identity import builder_identity
 
         identity = builder_identity()
+        version = identity["version"]
         if identity["commit"]:
             where = f"commit {identity['commit'][:12]}" + (", dirty" if identity["dirty"] else "")
         else:
+            import importlib.metadata
             import importlib.util
 
-            where = (
-                "commit unknown: pygit2, of the build extra, is not installed"
-                if importlib.util.find_spec("pygit2") is None
-                else "no git checkout: the version names its sources"
-            )
-        print(f"builder {identity['version']} ({where})")
+            from builder.identity import PACKAGE
+
+            in_checkout = (PACKAGE.parent / ".git").exists()
+            if in_checkout and importlib.util.find_spec("pygit2") is None:
+                where = "commit unknown: pygit2, of the build extra, is not installed"
+            else:  # a wheel (builder's own, `0.1.0+src…`): its local version names the sources
+                with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+                    version = importlib.metadata.version("builder")
+                where = "installed, no git checkout: the version names its sources"
+        print(f"builder {version} ({where})")
         parser.exit(0)
 
 

@@ -118,6 +118,12 @@ def test_the_gpu_vm_install_is_small_and_runs_every_vm_command(tmp_path: Path) -
             [str(builder_cli), *command.split(), "--help"], capture_output=True, text=True
         )
         assert shown.returncode == 0 and f"usage: builder {command}" in shown.stdout, shown.stderr
+    # Its version names the wheel's sources; no word of pygit2, which a VM never needs.
+    version = subprocess.run([str(builder_cli), "--version"], capture_output=True, text=True)
+    assert version.stdout.strip() == (
+        f"builder {self_wheel.source_version(self_wheel.source_root())} (installed, no git checkout: the version names its "
+        "sources)"
+    ), version.stdout + version.stderr
     # A build host's command says what to install, in one line (not a traceback).
     refused = subprocess.run(
         [str(builder_cli), "image", "--target", "sm120"], capture_output=True, text=True,
