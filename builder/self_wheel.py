@@ -32,7 +32,7 @@ from builder.errors import BuilderError
 from builder.identity import PACKAGE
 from builder.wheels import BuiltWheel
 
-_TEXT = ("pyproject.toml", "README.md")
+_TEXT = ("pyproject.toml", "README.md", "LICENSE")
 _BACKEND = ("setuptools", "wheel", "build")  # another version may pack other bytes
 _EPOCH = "315532800"  # 1980-01-01: the oldest time a zip entry can hold
 _BUILD_TIMEOUT = 600

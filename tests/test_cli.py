@@ -279,3 +279,12 @@ def test_a_reader_that_stops_reading_is_no_internal_error() -> None:
         os.close(write_end)
     assert done.stderr == ""
     assert done.returncode == 141
+
+
+def test_python_m_builder_is_the_builder_command() -> None:
+    ran = [
+        subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True)
+        for module in ("builder", "builder.cli")
+    ]
+    assert ran[0].returncode == 0 and ran[0].stdout.startswith("builder ")
+    assert ran[0].stdout == ran[1].stdout

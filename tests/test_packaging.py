@@ -21,7 +21,7 @@ def test_the_wheel_holds_every_module_and_its_cli_runs(tmp_path: Path) -> None:
         REPO_ROOT / "builder", source_tree / "builder",
         ignore=shutil.ignore_patterns("__pycache__"),
     )  # fmt: skip
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO_ROOT / name, source_tree)
     subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path),
@@ -31,6 +31,11 @@ def test_the_wheel_holds_every_module_and_its_cli_runs(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("builder-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         shipped = {name for name in archive.namelist() if name.endswith(".py")}
+        (license_file,) = [
+            n for n in archive.namelist() if n.endswith(".dist-info/licenses/LICENSE")
+        ]
+        assert "Apache License" in archive.read(license_file).decode()
+        assert "builder/__main__.py" in shipped  # `python -m builder`
         archive.extractall(tmp_path / "site", [n for n in archive.namelist() if n.endswith(".py")])
     source = {p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "builder").rglob("*.py")}
     assert source - shipped == set()  # builder.commands was missing from `pip install .`

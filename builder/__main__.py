@@ -1,0 +1,7 @@
+"""`python -m builder`: the `builder` command, where no console script is on PATH."""
+
+import sys
+
+from builder.cli import main
+
+sys.exit(main())
