@@ -118,8 +118,8 @@ def check_pattern_against_config(pattern: str, config: dict, where: str) -> None
         ours, theirs = pattern[layer : layer + 1] or "none", declared[layer : layer + 1] or "none"
         raise BuilderError(
             f"{where}: {PATTERN_KEY} differs from the checkpoint's indexer_types at layer "
-            f"{layer} ({ours} vs {theirs}); sglang follows indexer_types, so the pattern "
-            "would not be what runs"
+            f"{layer} (the pattern says {ours}, the checkpoint {theirs}); sglang follows "
+            "indexer_types, so the pattern would not be what runs"
         )
 
 

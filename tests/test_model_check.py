@@ -132,7 +132,7 @@ def test_a_pattern_that_is_not_what_the_checkpoint_declares_is_refused(tmp_path:
         launch.Overrides(model=str(checkpoint), params=(("index_topk_pattern", flipped),)),
     )  # fmt: skip
     with pytest.raises(BuilderError, match=r"differs from the checkpoint's indexer_types at "
-                       r"layer 6 \(S vs F\)"):  # fmt: skip
+                       r"layer 6 \(the pattern says S, the checkpoint F\)"):  # fmt: skip
         model_check.check_checkpoint(
             recipe.profile, recipe.args, recipe.model, True, recipe.model_revision, "/none"
         )
