@@ -3,8 +3,10 @@ by side (`builder qualify --compare`)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
+from typing import Any
 
 from builder import progress
 from builder.errors import BuilderError
@@ -86,8 +88,10 @@ def report_lines(receipt: dict, path: Path, plot: Path | None) -> list[str]:
     return lines
 
 
-def plot(receipt: dict, path: Path) -> Path | None:
-    """Output tok/s and mean GPU power against concurrency, as PNG (needs matplotlib)."""
+@functools.cache
+def _pyplot() -> Any:
+    """matplotlib's pyplot for PNG files, or None; a missing matplotlib is said once per
+    run (a sweep plots each profile's receipt and the comparison)."""
     try:
         import matplotlib
 
@@ -95,6 +99,14 @@ def plot(receipt: dict, path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         progress.warn("no plot: matplotlib is not installed (pip install 'builder[plot]')")
+        return None
+    return plt
+
+
+def plot(receipt: dict, path: Path) -> Path | None:
+    """Output tok/s and mean GPU power against concurrency, as PNG (needs matplotlib)."""
+    plt = _pyplot()
+    if plt is None:
         return None
     levels = receipt["throughput"]["levels"]
     x = [level["concurrency"] for level in levels]
@@ -212,13 +224,8 @@ def compare(named: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]]:
 def plot_compare(named: list[tuple[str, dict]], path: Path) -> Path | None:
     """Output tok/s against concurrency, a line per receipt (dashed: it did not qualify),
     the field's figure for reference (needs matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        progress.warn("no plot: matplotlib is not installed (pip install 'builder[plot]')")
+    plt = _pyplot()
+    if plt is None:
         return None
     figure, axes = plt.subplots(figsize=(8, 4.5))
     ticks: set[int] = set()

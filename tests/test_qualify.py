@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -399,3 +400,17 @@ def test_without_nvml_the_gpu_state_says_why() -> None:
     assert described["available"] is False and described["why"].startswith("NVML")
     summary = gpu_state.measure().stop()
     assert summary["sampled"] is False and summary["why"].startswith("NVML")
+
+
+def test_a_missing_matplotlib_is_said_once_per_run(monkeypatch, capsys, tmp_path: Path) -> None:
+    """A sweep plots each profile's receipt and the comparison: one warning, not three."""
+    from builder import receipt_views
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
+    receipt_views._pyplot.cache_clear()
+    try:
+        for _ in range(3):
+            assert receipt_views.plot_compare([], tmp_path / "compare.png") is None
+    finally:
+        receipt_views._pyplot.cache_clear()
+    assert capsys.readouterr().err.count("no plot: matplotlib is not installed") == 1
