@@ -15,7 +15,9 @@ The data: the Hugging Face hub's openai/gsm8k (config main) through the dataset 
 rows API, JSON at most 100 rows a call (stdlib HTTP, no `datasets`; the hub's own files are
 parquet): the test split's 1,319 questions and the train split's first 100 rows to draw the
 shots from. Or a jsonl file in the data set's own shape (`question`, `answer` ending
-`#### N`), whose other items are then the shots.
+`#### N`), whose other items are then the shots; or the file `builder qualify --gsm8k-save
+FILE` writes on a machine that reaches the hub: the same test questions, and the same train
+rows marked `"shot": true`, so an offline GPU VM asks exactly what the hub run asks.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 from builder import http_client, progress
+from builder.cache import atomic_write_text
 from builder.errors import BuilderError, Unreachable
 
 ROWS_API = "https://datasets-server.huggingface.co/rows"
@@ -104,28 +107,38 @@ def _item(record: object, where: str) -> Item:
     return Item(question, answer)
 
 
-def load_file(path: str) -> list[Item]:
-    """A jsonl file as GSM8K ships: one {"question", "answer"} object a line."""
+def load_file(path: str) -> tuple[list[Item], list[Item]]:
+    """(questions, shots) of a jsonl file as GSM8K ships, one {"question", "answer"} object a
+    line: every item a question, each other item a shot; or as `--gsm8k-save` writes it, the
+    items marked `"shot": true` the shots and only those."""
     try:
         lines = Path(path).read_text().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or "not text"
         raise BuilderError(f"--gsm8k {path}: cannot read it ({reason})") from None
-    items = []
+    items, marked = [], []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise BuilderError(f"--gsm8k {path} line {number}: not JSON") from None
-        items.append(_item(record, f"--gsm8k {path} line {number}"))
+        item = _item(record, f"--gsm8k {path} line {number}")
+        (marked if record.get("shot") is True else items).append(item)
+    if marked:
+        if len(marked) < SHOTS or not items:
+            raise BuilderError(
+                f"--gsm8k {path}: {len(items)} questions and {len(marked)} shots; needs a "
+                f"question and {SHOTS} or more shots"
+            )
+        return items, marked
     if len(items) <= SHOTS:
         raise BuilderError(
             f"--gsm8k {path}: {len(items)} items; needs {SHOTS + 1} or more (each question's "
             f"{SHOTS} shots are other items of the file)"
         )
-    return items
+    return items, items
 
 
 _FIX = "; give --gsm8k FILE (jsonl: question, answer ending '#### N'), or --gsm8k none"
@@ -168,12 +181,28 @@ def load(source: str, limit: int | None) -> Dataset | None:
     if source == "none":
         return None
     if source == "hub":
-        with progress.task(f"GSM8K: {DATASET} test split from the Hugging Face hub"):
-            items = _rows("test", limit or 10_000)
-            shots = _rows("train", SHOT_POOL)
-        return Dataset(items, shots, f"hub: {DATASET} (main), test split; shots: train[:100]")
-    items = load_file(source)
-    return Dataset(items[:limit] if limit else items, items, f"file: {source}")
+        items, shots = _from_hub(limit)
+        return Dataset(items, shots, HUB_SOURCE)
+    items, shots = load_file(source)
+    return Dataset(items[:limit] if limit else items, shots, f"file: {source}")
+
+
+HUB_SOURCE = f"hub: {DATASET} (main), test split; shots: train[:{SHOT_POOL}]"
+
+
+def _from_hub(limit: int | None) -> tuple[list[Item], list[Item]]:
+    with progress.task(f"GSM8K: {DATASET} test split from the Hugging Face hub"):
+        return _rows("test", limit or 10_000), _rows("train", SHOT_POOL)
+
+
+def save(path: Path) -> tuple[int, int]:
+    """The hub's questions and shots into `path` (jsonl, shots marked), for a GPU VM that
+    cannot reach the hub: (questions, shots) written. Written whole or not at all."""
+    items, shots = _from_hub(None)
+    lines = [{"question": i.question, "answer": i.answer} for i in items]
+    lines += [{"question": i.question, "answer": i.answer, "shot": True} for i in shots]
+    atomic_write_text(path, "".join(json.dumps(line) + "\n" for line in lines))
+    return len(items), len(shots)
 
 
 def run(server, model: str, data: Dataset, seed: int) -> dict:

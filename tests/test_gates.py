@@ -206,6 +206,30 @@ def test_gsm8k_from_the_hub_refuses_truncated_rows_and_says_when_it_is_unreachab
         gsm8k.load("hub", 3)
 
 
+def test_gsm8k_save_writes_what_an_offline_vm_asks_as_the_hub_run_would(
+    rows_api, tmp_path: Path, capsys
+) -> None:
+    """`qualify --gsm8k-save FILE` where the hub is reachable; `--gsm8k FILE` on the VM then
+    asks the same questions with the same shots (the prompts are equal, seed for seed)."""
+    from builder import cli
+
+    saved = tmp_path / "gsm8k.jsonl"
+    assert cli.main(["qualify", "--gsm8k-save", str(saved)]) == 0
+    assert capsys.readouterr().out.startswith(f"{saved}: 130 GSM8K questions and 100 shots")
+    offline, hub = gsm8k.load(str(saved), None), gsm8k.load("hub", None)
+    assert offline.items == hub.items and offline.shots == hub.shots
+    prompts = [
+        [
+            gsm8k.prompt(item, gsm8k.shots_for(n, item, data.shots, 1))
+            for n, item in enumerate(data.items)
+        ]
+        for data in (offline, hub)
+    ]
+    assert prompts[0] == prompts[1]
+    assert cli.main(["qualify", "--gsm8k-save", str(tmp_path / "no" / "such.jsonl")]) == 1
+    assert "--gsm8k-save" in capsys.readouterr().err
+
+
 # --- MTP figures -----------------------------------------------------------------------------
 
 

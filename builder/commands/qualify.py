@@ -14,6 +14,7 @@ from builder.commands.common import (
     HelpFormatter,
     add_output_options,
     add_project_options,
+    emit,
     print_json,
 )
 from builder.commands.qualify_run import (
@@ -62,6 +63,9 @@ def _numbers(flag: str, text: str) -> list[int]:
 def cmd_qualify(args: argparse.Namespace) -> None:
     if args.compare:
         _compare(args)
+        return
+    if args.gsm8k_save:
+        _save_gsm8k(args)
         return
     if args.sweep and (args.url or args.container or args.start or args.profile):
         raise BuilderError(
@@ -202,6 +206,24 @@ def _report(args, checked: Checked) -> None:
         raise SystemExit(EXIT_CODES["unqualified"])
 
 
+def _save_gsm8k(args) -> None:
+    """On a machine that reaches the hub: the GSM8K file an offline GPU VM qualifies with."""
+    path = Path(args.gsm8k_save)
+    if not path.parent.is_dir():
+        raise BuilderError(f"--gsm8k-save {path}: no folder {path.parent}")
+    if path.is_dir():
+        raise BuilderError(f"--gsm8k-save {path}: a folder; name the file to write")
+    questions, shots = gsm8k.save(path)
+    emit(
+        args,
+        {"gsm8k": str(path), "questions": questions, "shots": shots, "source": gsm8k.HUB_SOURCE},
+        [
+            f"{path}: {questions} GSM8K questions and {shots} shots ({gsm8k.HUB_SOURCE})",
+            f"on the GPU VM: builder qualify … --gsm8k {path.name} (the same questions and shots)",
+        ],
+    )
+
+
 def _compare(args) -> None:
     named = receipt_views.expand(args.compare)
     out = validate.writable_dir("--out", args.out)
@@ -276,7 +298,8 @@ examples:
   builder qualify http://127.0.0.1:30000 --container sglang-glm5 --profile glm5-nvfp4-tp8
   builder qualify --start --image REGISTRY/sglang-sm120@sha256:... --profile glm5-nvfp4-tp8-pcie-ar
   builder qualify --sweep glm5-nvfp4-tp8,glm5-nvfp4-tp8-pcie-ar --image REGISTRY/... --out qualify
-  builder qualify --compare qualify/   # a sweep's folder, or receipts: one table, compare.png""",
+  builder qualify --compare qualify/   # a sweep's folder, or receipts: one table, compare.png
+  builder qualify --gsm8k-save gsm8k.jsonl   # where the hub is reachable; then --gsm8k FILE""",
         epilog=EPILOG,
         formatter_class=HelpFormatter,
     )
@@ -359,6 +382,12 @@ examples:
     command.add_argument(
         "--gsm8k-limit", type=int, metavar="N", help="ask only the first N GSM8K questions"
     )
+    command.add_argument(
+        "--gsm8k-save", metavar="FILE",
+        help="only write GSM8K's questions and shots from the hub to FILE and exit: run it "
+        "where the hub is reachable, copy FILE to an offline GPU VM and qualify there with "
+        "--gsm8k FILE (the same questions, the same shots)",
+    )  # fmt: skip
     command.add_argument("--seed", type=int, default=1, help="prompts and needles (default: 1)")
     command.add_argument(
         "--deadline", metavar="MINUTES",
