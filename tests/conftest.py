@@ -75,11 +75,9 @@ class Upstreams:
 # ends when its last group does); xdist's own order, most tests first, would leave the
 # one-test group of the current stack to the end.
 _ENGINE_FIXTURES = {"docker_host", "docker_client", "registry"}
-# A test that reaches the engine itself (not the registry alone) is marked `engine`: its own
-# command (`./scripts/test -m engine`), which CI runs after the default one. The default run
-# then makes no test base, no image and no kernel: on a 2-core machine whose gauge reads
-# 9-10 s the engine's tests alone are longer than the default run's goal of 15 minutes
-# (docs/test-times.md, 2026-12-07).
+# A test that reaches the engine itself (not the registry alone) is marked `engine`:
+# `./scripts/test -m "not engine"` leaves them out (no test base, no image, no kernel) for a
+# quicker loop while editing; the test command and CI run them.
 _ENGINE_ITSELF = {"docker_host", "docker_client"}
 _ENGINE_GROUPS = {
     "tests.test_current_stack": "docker-engine-current-stack",
@@ -133,7 +131,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # `docker` marker: a test of a docker module that reaches no engine (bad input, a
         # daemon that is down) runs beside the engine's groups.
         module = item.module.__name__
-        # heavy and gpu keep their own commands: `-m engine` is the engine's share of CI.
+        # heavy and gpu keep their own commands (benches, GPU machines): not engine.
         own_command = item.get_closest_marker("heavy") or item.get_closest_marker("gpu")
         if _ENGINE_ITSELF & set(item.fixturenames) and not own_command:
             item.add_marker(pytest.mark.engine)

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import tomllib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -331,32 +332,30 @@ def test_the_push_job_refuses_a_bundle_not_grown_from_this_run_s_commit(moved: d
     assert _git(moved["origin"], "branch", "--format=%(refname:short)") == "main"
 
 
-def test_ci_runs_both_of_readme_s_test_commands() -> None:
-    """The default run leaves the engine's tests out (`engine`, tests/conftest.py): CI runs
-    them as README's second command, so every check still runs on each change."""
+def test_ci_runs_readme_s_one_test_command() -> None:
+    """One command runs every test CI runs, the engine's included: README's, verbatim."""
     lines = (REPO_ROOT / ".ci/run").read_text().splitlines()
     ci = [line for line in lines if line.startswith("./")]
-    assert ci == ["./scripts/test", "./scripts/test -m engine"]
+    assert ci == ["./scripts/test"]
     readme = (REPO_ROOT / "README.md").read_text().split("\n## ")[0]
-    for command in ci:
-        assert f"\n    {command}\n" in readme, command
+    shown = [line.strip() for line in readme.splitlines() if line.startswith("    ./")]
+    assert shown == ci
+    addopts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
+    assert "engine" not in addopts["ini_options"]["addopts"], "the engine's tests left out"
 
 
-def test_ci_runs_the_engine_s_tests_after_a_failed_default_run(tmp_path: Path) -> None:
-    """.ci/run with a stand-in scripts/test (it records its arguments and fails as told):
-    both commands run, and the first failure's exit code is CI's."""
+def test_ci_fails_as_the_test_command_does(tmp_path: Path) -> None:
+    """.ci/run with a stand-in scripts/test (it records its arguments and exits as told)."""
     (tmp_path / ".ci").mkdir()
     (tmp_path / "scripts").mkdir()
     shutil.copy(REPO_ROOT / ".ci/run", tmp_path / ".ci/run")
     stand_in = tmp_path / "scripts/test"
-    for default, engine, expected in ((3, 5, 3), (0, 5, 5), (0, 0, 0)):
+    for code in (3, 0):
         stand_in.write_text(
-            "#!/usr/bin/env bash\n"
-            'echo "$*" >> "$(dirname "$0")/calls"\n'
-            f'[ "$*" = "-m engine" ] && exit {engine}\nexit {default}\n'
+            f'#!/usr/bin/env bash\necho "$*" >> "$(dirname "$0")/calls"\nexit {code}\n'
         )
         stand_in.chmod(0o755)
         (tmp_path / "scripts/calls").unlink(missing_ok=True)
         result = subprocess.run(["bash", tmp_path / ".ci/run"], capture_output=True)
-        assert result.returncode == expected, (default, engine, result.returncode)
-        assert (tmp_path / "scripts/calls").read_text().splitlines() == ["", "-m engine"]
+        assert result.returncode == code
+        assert (tmp_path / "scripts/calls").read_text().splitlines() == [""]
