@@ -9,6 +9,7 @@ import sys
 import traceback
 
 from builder.errors import EXIT_CODES, EXIT_CODES_HELP, BuilderError, Unreachable
+from builder.parser_tree import subcommands, suggestion
 from builder.urls import scrub
 
 _json_asked = False  # set by main() before parsing: a usage error cannot read args
@@ -116,25 +117,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    """A parser's subcommands by name ({} for a leaf)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
-
-
-def command_paths(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    """Every command path of the parser ("" for builder itself, "patches check"), parents
-    before their children."""
-    found = {"": parser}
-    for name, child in subcommands(parser).items():
-        found.update(
-            {f"{name} {path}".strip(): below for path, below in command_paths(child).items()}
-        )
-    return found
-
-
 def _global_flags_after_the_command(parser: argparse.ArgumentParser) -> None:
     """-q and -v on every command, --json on each that groups others (`builder patches
     --json list`); a leaf's --json is its own (add_output_options), where it has a result."""
@@ -165,18 +147,6 @@ def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
             return ""
         known = [o for a in _command_parser(parser)._actions for o in a.option_strings]
     return suggestion(wrong, known)
-
-
-def suggestion(wrong: str, known: list[str]) -> str:
-    """`; did you mean X?`: the one name that `wrong` begins (`wait` for wait-ready, too
-    short for a close match), else the closest name; "" when none is near."""
-    import difflib
-
-    starting = [name for name in known if wrong and name.startswith(wrong)]
-    if len(starting) == 1:
-        return f"; did you mean {starting[0]}?"
-    close = difflib.get_close_matches(wrong, known, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
 
 
 def _command_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -15,6 +15,8 @@ import argparse
 import re
 from dataclasses import dataclass
 
+from builder.parser_tree import command_paths
+
 SHELLS = ("bash", "zsh", "fish")
 # Names and flags go into the scripts unquoted (case labels, word lists): anything else in
 # the parser is a bug to fix there, not to quote around.
@@ -61,8 +63,6 @@ def _help_of(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
 def commands(parser: argparse.ArgumentParser) -> list[Command]:
     """Every command path of the parser, the top one first; `help` and `help PATH` take the
     commands below PATH as their words."""
-    from builder.cli import command_paths
-
     found: list[Command] = []
     for path, node in command_paths(parser).items():
         words: dict[str, str] = {}

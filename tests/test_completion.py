@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from builder import completion
-from builder.cli import build_parser, command_paths
+from builder.cli import build_parser
+from builder.parser_tree import command_paths
 from tests.conftest import REPO_ROOT
 
 

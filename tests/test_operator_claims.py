@@ -175,7 +175,8 @@ def help_examples() -> list[tuple[str, str]]:
     """Every `builder ...` line of each command's --help `examples:` section."""
     import re
 
-    from builder.cli import build_parser, command_paths
+    from builder.cli import build_parser
+    from builder.parser_tree import command_paths
 
     found = []
     for name, parser in command_paths(build_parser()).items():

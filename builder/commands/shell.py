@@ -9,26 +9,19 @@ import functools
 from builder.commands.common import HelpFormatter
 from builder.completion import SHELLS  # the standard library only: no cost at start-up
 from builder.errors import BuilderError
+from builder.parser_tree import subcommands, suggestion
 
 # What main() answers `--json` with on these two (their output is text by nature).
 HELP_IS_TEXT = "prints a help page, which is text"
 SCRIPT_IS_TEXT = "prints a shell script, which is text"
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    from builder.cli import subcommands
-
-    return subcommands(parser)
-
-
 def cmd_help(root: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The page of `builder NAMES... --help`; an unknown name is refused in one line, with
     the name it is closest to."""
-    from builder.cli import suggestion
-
     parser, named = root, ["builder"]
     for name in args.names:
-        children = _subcommands(parser)
+        children = subcommands(parser)
         if not children:
             raise BuilderError(f"builder help: `{' '.join(named)}` has no actions ({name!r} given)")
         if name not in children:
