@@ -8,6 +8,7 @@ and the field.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import math
 import re
@@ -25,7 +26,59 @@ from packaging.version import InvalidVersion, Version
 
 from builder.cuda import MIN_CUDA_FOR_ARCH, arch_base
 from builder.errors import BuilderError
-from builder.kernels import generators
+
+# --- which generator calls the kernel-builder container may run ---------------------------
+# One rule for the target's `[[jit.modules]]`, `--jit-modules` and kernel packs. The warm-up
+# imports the module and calls the function a generator entry names, inside a container of
+# the kernel-builder stage, and what it makes is native code in every image. So an entry must
+# be a public `gen_*` function of a `flashinfer.jit` module (none of the `gen_customize_*`
+# ones, which take C++ source), with plain arguments only: numbers, bool, None, short
+# identifier-like strings and `torch.<dtype>`, what chooses among FlashInfer's own templates.
+
+
+_GENERATOR = re.compile(r"flashinfer\.jit(\.[a-z_][a-z0-9_]*)*:gen_\w+(\(.*\))?", re.DOTALL)
+_TORCH_NAME = re.compile(r"[a-z][a-z0-9_]*")
+_PLAIN_STRING = re.compile(r"[A-Za-z0-9_.]{0,64}")  # as images/sm120/jit_journal.py notes
+_MAX_LENGTH = 2000
+GENERATOR_RULE = "flashinfer.jit.<module>:gen_<name>(plain arguments)"
+
+
+def _plain_argument(node: ast.expr) -> bool:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        node = node.operand
+        return isinstance(node, ast.Constant) and type(node.value) in (int, float)
+    if isinstance(node, ast.Constant):
+        value = node.value
+        if isinstance(value, str):
+            return bool(_PLAIN_STRING.fullmatch(value))
+        return value is None or type(value) in (bool, int, float)
+    return (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "torch"
+        and bool(_TORCH_NAME.fullmatch(node.attr))
+    )
+
+
+def is_flashinfer_call(entry: str) -> bool:
+    """`flashinfer.jit.x:gen_y` or `flashinfer.jit.x:gen_y(plain, arguments=...)`."""
+    if len(entry) > _MAX_LENGTH or not _GENERATOR.fullmatch(entry):
+        return False
+    function = entry.partition(":")[2]
+    if "customize" in function.split("(")[0]:
+        return False
+    try:
+        call = ast.parse(function, mode="eval").body
+    except SyntaxError:
+        return False
+    if isinstance(call, ast.Name):
+        return True
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+        return False
+    if any(keyword.arg is None for keyword in call.keywords):
+        return False
+    return all(_plain_argument(node) for node in [*call.args, *(k.value for k in call.keywords)])
+
 
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 _ARCH_RE = re.compile(r"^\d+\.\d+[af]?$")
@@ -316,8 +369,8 @@ def _jit_module(jit: _Reader, entry: Any) -> JitModule:
         raise jit.fail("modules", "must be [[jit.modules]] tables (generator, loaded_when)")
     module = _Reader(jit.path, entry, f"{jit.prefix}modules.")
     generator = module.get("generator", str)
-    if not generators.is_flashinfer_call(generator):
-        refused = f"'{generator[:200]}' is not a FlashInfer call ({generators.RULE}): refused"
+    if not is_flashinfer_call(generator):
+        refused = f"'{generator[:200]}' is not a FlashInfer call ({GENERATOR_RULE}): refused"
         raise module.fail("generator", refused)
     loaded_when = module.get("loaded_when", str)
     if not all(_SETTING_RE.match(part.strip()) for part in loaded_when.split("|")):

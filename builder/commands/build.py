@@ -25,9 +25,9 @@ from builder.commands.publish import (
     publish_wheels,
 )
 from builder.errors import BuilderError, Unreachable
-from builder.kernels import generators
 from builder.lazy import lazy_module
 from builder.settings import resolve_data_dir
+from builder.target import GENERATOR_RULE, is_flashinfer_call
 
 docker_client = lazy_module("builder.docker_client")
 image = lazy_module("builder.image")
@@ -138,10 +138,10 @@ def _image_options(args: argparse.Namespace, ctx: pipeline.Context) -> image.Ima
         raise BuilderError("--jit-modules: empty; name at least one generator")
     if args.jit_modules is not None:  # the target's own are checked when it is read
         for module in modules:
-            if not generators.is_flashinfer_call(module):
+            if not is_flashinfer_call(module):
                 raise BuilderError(
                     f"--jit-modules: '{module[:200]}' is not a FlashInfer call "
-                    f"({generators.RULE}): refused"
+                    f"({GENERATOR_RULE}): refused"
                 )
     options = image.ImageOptions(
         base_image=args.base_image or target.image.base,

@@ -21,7 +21,7 @@ import docker.errors
 from builder import progress
 from builder.cache import atomic_write_text, read_limited
 from builder.errors import BuilderError
-from builder.kernels import generators
+from builder.target import is_flashinfer_call
 
 PACK_SUFFIX = ".kernel-pack.json"
 _OLD_PACK_SUFFIX = ".kernel-pack.tar"  # before harvested .so files were recompiled
@@ -88,9 +88,9 @@ _MODULE_NAME = re.compile(r"[A-Za-z0-9_]{1,200}")
 
 
 def check_generator(entry: str, origin: str) -> str:
-    """A harvested generator call, or a one-line refusal (builder/kernels/generators.py:
+    """A harvested generator call, or a one-line refusal (builder/target.py is_flashinfer_call:
     what a server hands back names a call; it never carries code or compiled bytes)."""
-    if not generators.is_flashinfer_call(entry):
+    if not is_flashinfer_call(entry):
         raise BuilderError(f"{origin}: generator {entry[:200]!r} is not a FlashInfer call: refused")
     return entry
 
