@@ -231,6 +231,13 @@ def _images_unchanged(record: dict) -> bool:
         connection.close()
 
 
+def _checks_something(record: dict) -> bool:
+    """A record that watches no file or names no image the daemon must still have would
+    say "up to date" about anything: it is not believed."""
+    watched = record["snapshot"] and (record["trees"] or record["files"])
+    return bool(watched) and record["reference"] in record["images"]
+
+
 def replay(argv: list[str]) -> int | None:
     """Answer a no-op `builder image` from its record: the exit code, or None to run the
     full command (whatever is wrong with the record: the full run says it in its words)."""
@@ -241,6 +248,8 @@ def replay(argv: list[str]) -> int | None:
     try:
         record = json.loads(_record_path(_cache_dir(arguments), arguments).read_text())
         if record["version"] != RECORD_VERSION:
+            return None
+        if not _checks_something(record):
             return None
         if _snapshot(record["trees"], record["files"]) != record["snapshot"]:
             return None

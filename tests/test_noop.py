@@ -218,6 +218,27 @@ def test_a_record_claiming_more_than_a_plain_build_did_is_not_believed(
     assert not (tmp_path / "manifests").exists()
 
 
+@pytest.mark.parametrize(
+    "emptied",
+    [("trees", "files", "snapshot"), ("images",)],
+    ids=["watches-no-file", "names-no-image"],
+)
+def test_a_record_with_nothing_to_check_is_not_believed(
+    tmp_path: Path, monkeypatch, emptied: tuple[str, ...]
+) -> None:
+    """#54: a record that watches nothing would say "up to date" whatever changed."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["image", "--json", "--cache-dir", str(tmp_path / "cache")]
+    path = _saved(tmp_path, argv)
+    record = json.loads(path.read_text())
+    for field in emptied:
+        record[field] = {} if isinstance(record[field], dict) else []
+    path.write_text(json.dumps(record))
+    monkeypatch.setattr(noop, "_images_unchanged", lambda record: not record["images"])
+    assert noop.replay(argv) is None
+    assert not (tmp_path / "manifests").exists()
+
+
 def test_a_build_that_pushed_is_never_recorded(tmp_path: Path) -> None:
     inputs = _inputs(tmp_path / "data", ("image", "--json"))
     image = {"reference": "r:t", "pushed": {"reference": "registry.example/x@sha256:1"}}
