@@ -231,11 +231,10 @@ def _images_unchanged(record: dict) -> bool:
         connection.close()
 
 
-def _checks_something(record: dict) -> bool:
-    """A record that watches no file or names no image the daemon must still have would
-    say "up to date" about anything: it is not believed."""
-    watched = record["snapshot"] and (record["trees"] or record["files"])
-    return bool(watched) and record["reference"] in record["images"]
+def _watches_something(record: dict) -> bool:
+    """A record that watches no file would say "up to date" whatever changed: it is not
+    believed (one that names no image is refused by `_only_a_plain_build`)."""
+    return bool(record["snapshot"]) and bool(record["trees"] or record["files"])
 
 
 def replay(argv: list[str]) -> int | None:
@@ -249,7 +248,7 @@ def replay(argv: list[str]) -> int | None:
         record = json.loads(_record_path(_cache_dir(arguments), arguments).read_text())
         if record["version"] != RECORD_VERSION:
             return None
-        if not _checks_something(record):
+        if not _watches_something(record):
             return None
         if _snapshot(record["trees"], record["files"]) != record["snapshot"]:
             return None
