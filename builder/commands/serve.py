@@ -62,14 +62,9 @@ def _key_values(flag: str, items: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
-    """The resolved launch recipe and where it came from (an image's recipe or a manifest)."""
-    launch.bind_address(args.bind)  # before looking for a manifest
-    if args.image and args.manifest:
-        raise BuilderError("--image and --manifest: give one (the image carries its recipe)")
-    if args.image:
-        validate.image_reference("--image", args.image)
-    params = _key_values("--set", args.set)
+def launch_overrides(args: argparse.Namespace) -> launch.Overrides:
+    """The launch options as overrides, every host path checked before anything renders:
+    a --model folder exists here (whatever the profile), an API key file is one."""
     key_file = None
     if args.api_key_file:
         read_api_key(args.api_key_file)  # exists, readable, not empty: checked, not kept
@@ -77,17 +72,39 @@ def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
     overrides = launch.Overrides(
         model=args.model,
         port=args.port,
-        params=tuple(params),
+        params=tuple(_key_values("--set", args.set)),
         extra_args=tuple(args.extra_arg),
         hf_cache=args.hf_cache,
         container_name=args.name,
         bind=args.bind,
         api_key_file=key_file,
+        taken_params=tuple(args.taken_params),
+        taken_from=args.taken_from,
     )
+    launch.refuse_control_characters(overrides)
+    given_as = f"--model {args.model}"
+    model = args.model
+    if not model and (set_model := dict(overrides.params).get("model")):
+        given_as, model = f"--set model={set_model}", set_model
+    folder = launch.model_dir(model) if model else None
+    if folder is not None and not Path(folder).is_dir():
+        why = "not a folder" if Path(folder).exists() else "no such folder on this machine"
+        raise BuilderError(f"{given_as}: {why} ({folder})")
+    return overrides
+
+
+def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
+    """The resolved launch recipe and where it came from (an image's recipe or a manifest)."""
+    launch.bind_address(args.bind)  # before looking for a manifest
+    if args.image and args.manifest:
+        raise BuilderError("--image and --manifest: give one (the image carries its recipe)")
+    if args.image:
+        validate.image_reference("--image", args.image)
+    overrides = launch_overrides(args)
     if args.image:
         profiles = image_recipe.profiles_of(image_recipe.launch_recipe(args.image), args.image)
         recipe = launch.resolve(profiles, args.profile, args.image, overrides)
-        check_checkpoint(recipe, args.hf_cache)
+        check_checkpoint(recipe)
         source = f"{args.image}:{image_recipe.RECIPE_PATH}"
         say_receipt(None, args.image)
     else:
@@ -97,7 +114,7 @@ def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
         # Profile, params, port and the checkpoint are checked before any manifest is
         # looked for.
         recipe = launch.resolve(profiles, args.profile, "-", overrides)
-        check_checkpoint(recipe, args.hf_cache)
+        check_checkpoint(recipe)
         directory = manifest.manifest_dir(data_dir, args.manifest_dir, target.name)
         path = Path(args.manifest) if args.manifest else manifest.latest_with_image(directory)
         record = manifest.load(path)
@@ -111,18 +128,25 @@ def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
     recipe = with_p2p_record(args, recipe, profiles)
     if recipe.experimental:
         progress.warn(f"profile {recipe.profile} is EXPERIMENTAL: {recipe.warning}")
+    for flag, folder in recipe.outside_state_root:
+        progress.info(
+            escape(
+                f"{flag}: mounts {folder} read-write, outside {launch.SERVING_STATE_ROOT}/ "
+                "(your own flag on this command line)"
+            )
+        )
     return recipe, source
 
 
-def check_checkpoint(recipe: launch.Recipe, hf_cache: str) -> None:
+def check_checkpoint(recipe: launch.Recipe) -> None:
     """The checkpoint on this machine against the recipe (index pattern, MTP weights)."""
     model_check.check_checkpoint(
         recipe.profile,
         recipe.args,
         recipe.model,
-        launch.is_local_model(recipe.model),
+        recipe.model_is_local,
         recipe.model_revision,
-        hf_cache,
+        recipe.hf_cache,
     )
 
 
@@ -438,7 +462,12 @@ def add_launch_options(command: argparse.ArgumentParser, skip: tuple[str, ...] =
     )
     option("--manifest", help="manifest to take the image from (default: latest)")
     option("--manifest-dir", metavar="DIR", help="where manifests are")
-    option("--model", help="HF model id, or a local weights directory to mount")
+    option(
+        "--model",
+        help="a Hugging Face hub id (NAME or ORG/NAME), or a weights folder on this machine to "
+        "mount read-only: a path starting with /, ./, ../ or ~, or one that exists here (made "
+        "absolute; it must exist)",
+    )
     option("--port", type=int, help="server port (default: the profile's)")
     option(
         "--set",
@@ -458,10 +487,9 @@ def add_launch_options(command: argparse.ArgumentParser, skip: tuple[str, ...] =
     )
     option(
         "--hf-cache",
-        default=launch.HF_CACHE_DEFAULT,
         metavar="DIR",
-        help="host directory for the Hugging Face cache, an absolute path a system "
-        f"service can reach (default: {launch.HF_CACHE_DEFAULT})",
+        help="host folder for the Hugging Face cache, made absolute (a system service has no "
+        f"working directory or $HOME of yours) (default: {launch.HF_CACHE_DEFAULT})",
     )
     option("--name", help="container name (default: the profile's)")
     option(
@@ -489,6 +517,8 @@ def add_launch_options(command: argparse.ArgumentParser, skip: tuple[str, ...] =
         help="host address the server port is published on (default: 127.0.0.1, this "
         "machine only; 0.0.0.0 opens it to the network: put an API key in front)",
     )
+    # Params a file gives (chosen.json, a profile's fallback), not this command line.
+    command.set_defaults(taken_params=(), taken_from="")
 
 
 def register(sub) -> None:
