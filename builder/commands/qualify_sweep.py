@@ -37,8 +37,21 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], launch.Profiles]:
     known = qualify_command.profiles_for(args)
     for name in names:
         for params in ((), launch.fallback_params(known, name)):
-            launch.resolve(known, name, "-", launch_overrides(_with_params(args, name, params)))
+            recipe = launch.resolve(
+                known, name, "-", launch_overrides(_with_params(args, name, params))
+            )
+        _warn_unpinned(recipe)
     return names, known
+
+
+def _warn_unpinned(recipe: launch.Recipe) -> None:
+    """A hub model at a branch: what the sweep measures is not what a later deploy pulls."""
+    if recipe.model and not recipe.model_is_local and not sweep.is_commit(recipe.model_revision):
+        progress.warn(
+            f"profile {recipe.profile}: {recipe.model} at revision "
+            f"{recipe.model_revision or '(none)'} is a branch, not a commit: deploy-files "
+            "--profile chosen will refuse it; --set model_revision=COMMIT, or --model DIR"
+        )
 
 
 def _qualify_one(args, name: str, known: launch.Profiles, plan, folder: Path) -> dict:
@@ -100,7 +113,8 @@ def run(args: argparse.Namespace, plan, out: Path, names: list[str], known) -> N
             receipt = _not_started(name, str(exc), folder)
         swept.append(sweep.Swept(name, receipt, f"{name}/receipt.json"))
         stands, fell, why = sweep.standing(receipt, args.allow_partial)
-        progress.info(escape(f"{name}: " + ("stands" if stands else f"FAIL {fell}: {why}")))
+        verdict = sweep.said(stands, fell, why, sweep.is_partial(receipt))
+        progress.info(escape(f"{name}: {verdict}"))
     doc = sweep.choose(swept, plan.concurrency, args.choose_at, args.allow_partial)
     chosen_path = out / sweep.CHOSEN_FILE
     atomic_write_text(chosen_path, json.dumps(doc, indent=2, sort_keys=True) + "\n")

@@ -29,6 +29,7 @@ from builder.lazy import lazy_module
 from builder.settings import resolve_data_dir
 from builder.target import load_target
 
+deploy_chosen = lazy_module("builder.commands.deploy_chosen")
 docker_client = lazy_module("builder.docker_client")
 image_recipe = lazy_module("builder.recipe")
 launch = lazy_module("builder.launch")
@@ -40,7 +41,6 @@ progress = lazy_module("builder.progress")
 readiness = lazy_module("builder.readiness")
 receipts = lazy_module("builder.receipts")
 runtime_jit = lazy_module("builder.runtime_jit")
-sweep = lazy_module("builder.sweep")
 validate = lazy_module("builder.validate")
 docker = lazy_module("docker")
 
@@ -250,42 +250,13 @@ def start_server(recipe: launch.Recipe) -> None:
         raise
 
 
-def apply_chosen(args: argparse.Namespace) -> None:
-    """`--profile chosen`: the profile, its params and the image a `qualify --sweep` chose
-    (its chosen.json in --qualify-dir); a --set given as well goes on top, with a warning."""
-    doc = sweep.load_chosen(args.qualify_dir)
-    where = Path(args.qualify_dir) / sweep.CHOSEN_FILE
-    chosen = doc["chosen"]
-    if not chosen:
-        raise BuilderError(
-            f"{where}: the sweep chose no profile at concurrency {doc['choose_at']} "
-            "(none passed every gate: builder qualify --compare shows why)"
-        )
-    image = chosen.get("image") or {}
-    known = {
-        chosen["image_ref"],
-        image.get("reference"),
-        image.get("id"),
-        *image.get("repo_digests", []),
-    }
-    if args.manifest:
-        raise BuilderError("--manifest: with --profile chosen the image is the one the sweep ran")
-    if args.image and args.image not in known:
-        raise BuilderError(
-            f"--image {args.image}: {where} chose {chosen['profile']} on {chosen['image_ref']}; "
-            "drop --image (it comes from there)"
-        )
-    for item in args.set:
-        progress.warn(f"--set {item}: on top of what the sweep qualified ({where})")
-    args.image = args.image or chosen["image_ref"]
-    args.profile = chosen["profile"]
-    args.set = [f"{key}={value}" for key, value in chosen["params"]] + list(args.set)
-    progress.info(
-        escape(
-            f"profile chosen by the sweep ({where}): {chosen['profile']} on {args.image}, "
-            f"{chosen['output_throughput']:g} output tok/s at concurrency {chosen['concurrency']}"
-        )
-    )
+def apply_chosen(args: argparse.Namespace) -> deploy_chosen.Chosen:
+    """`--profile chosen`: the server a `qualify --sweep` chose (its chosen.json in
+    --qualify-dir, checked against the receipt it cites) as the launch options."""
+    chosen = deploy_chosen.load(args.qualify_dir)
+    deploy_chosen.adopt(args, chosen)
+    progress.info(escape(deploy_chosen.said(chosen, args.image)))
+    return chosen
 
 
 def cmd_deploy_files(args: argparse.Namespace) -> None:
@@ -294,9 +265,10 @@ def cmd_deploy_files(args: argparse.Namespace) -> None:
         root = validate.writable_dir("--root", args.root)
     else:
         out = validate.writable_dir("--out", args.out).resolve()
-    if args.profile == "chosen":
-        apply_chosen(args)
+    chosen = apply_chosen(args) if args.profile == "chosen" else None
     recipe, source = recipe_from_args(args)
+    if chosen:
+        deploy_chosen.check_reproduces(recipe, chosen)
     if args.install:
         service_dir = f"{INSTALL_DIR}/{recipe.profile}"
         out = validate.writable_dir("--root", str(root / service_dir.lstrip("/")))
@@ -550,8 +522,12 @@ def register(sub) -> None:
         "write a compose file and a systemd unit for the GPU VM",
         "Write compose.yaml (GPU reservation, host IPC, healthcheck with a start period that "
         "allows slow starts, no restart loop) and a systemd unit that runs it, for a launch "
-        "profile and the image of a manifest. --profile chosen takes the profile, its params "
-        "and the image from the chosen.json of a `qualify --sweep` (--qualify-dir).\n\n"
+        "profile and the image of a manifest. --profile chosen deploys the server a "
+        "`qualify --sweep` chose (its chosen.json in --qualify-dir): the image by digest, "
+        "profile, params, model, HF cache, port, API key file and extra args its receipt's "
+        "server ran, compared with that server's command argument by argument; a flag that "
+        "says otherwise is refused, and a param or HF cache it names mounts read-write "
+        "outside /var/lib/sglang only when your own --set or --hf-cache says the same.\n\n"
         "examples:\n"
         "  builder deploy-files --target sm120 --out deploy/\n"
         "  builder deploy-files --profile chosen --qualify-dir qualify/ --out deploy/",
@@ -563,7 +539,7 @@ def register(sub) -> None:
         default="qualify",
         metavar="DIR",
         help="with --profile chosen: the `qualify --sweep --out` folder whose chosen.json "
-        "names the profile, its params and the image (default: ./qualify)",
+        "(and the receipt it cites) says what to deploy (default: ./qualify)",
     )
     deploy.add_argument("--out", default="deploy", help="output directory (default: ./deploy)")
     deploy.add_argument(
