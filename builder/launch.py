@@ -12,6 +12,7 @@ import fnmatch
 import ipaddress
 import json
 import math
+import os
 import posixpath
 import re
 import shlex
@@ -40,12 +41,18 @@ _PARAM = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 class Overrides:
     model: str | None = None
     port: int | None = None
-    params: tuple[tuple[str, str], ...] = ()
+    params: tuple[tuple[str, str], ...] = ()  # the operator's own --set, on this command line
     extra_args: tuple[str, ...] = ()
-    hf_cache: str = HF_CACHE_DEFAULT
+    hf_cache: str | None = None  # None: HF_CACHE_DEFAULT
     container_name: str | None = None
     bind: str = "127.0.0.1"  # host address the port is published on
     api_key_file: str | None = None  # mounted read-only; the key itself is never read here
+    # Params a file supplies, not the operator: a sweep's chosen.json, or a profile's
+    # fallback (named by `taken_from` in refusals). They win over `params` (a fallback is
+    # tried for what it changes) but, like a profile's own, never mount outside
+    # SERVING_STATE_ROOT.
+    taken_params: tuple[tuple[str, str], ...] = ()
+    taken_from: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,8 +72,33 @@ class Recipe:
     experimental: bool
     warning: str
     params: tuple[tuple[str, str], ...] = ()  # the --set overrides this recipe was made with
-    model: str = ""  # as given on this machine: a hub id, or a local directory (mounted)
+    model: str = ""  # a hub id, or a folder on this machine by its absolute path (mounted)
     model_revision: str = ""  # the checkpoint revision the profile names (--revision)
+    hf_cache: str = ""  # the host folder mounted as the Hugging Face cache ("" for a folder model)
+    api_key_file: str = ""  # absolute; mounted read-only
+    extra_args: tuple[str, ...] = ()  # --extra-arg, appended to the profile's args
+    # (flag, host folder) of each read-write mount outside SERVING_STATE_ROOT: the
+    # operator's own flag on this command line put it there, and is told so.
+    outside_state_root: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def model_is_local(self) -> bool:
+        """A folder on this machine: `resolve` makes it absolute, and a hub id never starts
+        with `/`."""
+        return self.model.startswith("/")
+
+    def served_from(self) -> dict:
+        """What decides what this recipe serves besides its image, profile and params, as a
+        qualify receipt records it (`server.launch`) and a sweep's chosen.json carries it to
+        `deploy-files --profile chosen`."""
+        return {
+            "model": self.model or None,
+            "model_revision": self.model_revision or None,
+            "hf_cache": self.hf_cache or None,
+            "port": self.port,
+            "api_key_file": self.api_key_file or None,
+            "extra_args": list(self.extra_args),
+        }
 
     def docker_run(self, detach: bool = True) -> list[str]:
         command = ["docker", "run"]
@@ -133,6 +165,7 @@ class Recipe:
             "warning": self.warning or None,
             "model": self.model or None,
             "model_revision": self.model_revision or None,
+            "hf_cache": self.hf_cache or None,
             "args": list(self.args),
             "env": self.env,
             "volumes": [{"host": h, "container": c, "mode": m} for h, c, m in self.volumes],
@@ -349,40 +382,58 @@ def resolve(
     profile = _flatten(profiles, name, path)
 
     params = {k: str(v) for k, v in profile.get("params", {}).items()}
-    _refuse_control_characters(overrides)
-    for key, value in overrides.params:
+    refuse_control_characters(overrides)
+    given = dict(overrides.params)
+    taken = dict(overrides.taken_params)
+    for key in (*given, *taken):
         if key not in params:
             known = ", ".join(sorted(params))
-            raise BuilderError(f"--set {key}: profile '{name}' has no such param (params: {known})")
-        params[key] = value
+            flag = f"--set {key}" if key in given else f"{overrides.taken_from}: param {key}"
+            raise BuilderError(f"{flag}: profile '{name}' has no such param (params: {known})")
+    params |= given | taken
+    # The operator's own: a --set on this command line whose value is the one that stands.
+    own = {key for key, value in given.items() if params[key] == value}
     if overrides.port is not None:
         params["port"] = str(overrides.port)
     if "port" in params and not (params["port"].isdigit() and 0 < int(params["port"]) < 65536):
         raise BuilderError(f"--port {params['port']}: not a TCP port")
 
     volumes: list[tuple[str, str, str]] = []
-    model = overrides.model or params.get("model", "")
-    operator_chose_model = bool(overrides.model) or "model" in {k for k, _ in overrides.params}
-    if is_local_model(model) and not operator_chose_model:
-        raise BuilderError(
-            f"{path}: profile '{name}': its default model {model!r} is a folder on this "
-            "machine, which a profile does not choose to mount; give --model DIR"
+    outside: list[tuple[str, str]] = []
+    given_model = overrides.model or (params["model"] if "model" in own else "")
+    folder = model_dir(given_model) if given_model else None
+    if not given_model and looks_like_path(params.get("model", "")):
+        default = params["model"]
+        who = (
+            f"{overrides.taken_from}: param model={default!r} is a folder on this machine, "
+            "which only your own --model mounts"
+            if "model" in taken
+            else f"{path}: profile '{name}': its default model {default!r} is a folder on "
+            "this machine, which a profile does not choose to mount"
         )
-    if is_local_model(model):
-        local = str(Path(model).expanduser())
-        in_container = f"{CONTAINER_MODEL_DIR}/{Path(local).name}"
-        volumes.append((local, in_container, "ro"))
-        params["model"] = in_container
+        raise BuilderError(f"{who}; give --model DIR")
+    hf_cache = ""
+    if folder:
+        model = folder
+        params["model"] = f"{CONTAINER_MODEL_DIR}/{posixpath.basename(folder)}"
+        volumes.append((folder, params["model"], "ro"))
     else:
-        params["model"] = model
-        volumes.append((overrides.hf_cache, HF_CACHE_IN_CONTAINER, "rw"))
+        model = params["model"] = given_model or params.get("model", "")
+        hf_cache = overrides.hf_cache or HF_CACHE_DEFAULT
+        hf_cache = host_path(hf_cache, f"--hf-cache {hf_cache}")
+        volumes.append((hf_cache, HF_CACHE_IN_CONTAINER, "rw"))
+        if not in_state_root(hf_cache):
+            outside.append(("--hf-cache", hf_cache))
 
-    chosen = {key for key, _ in overrides.params}
     for volume in profile.get("volumes", []):
         if not isinstance(volume, dict) or not {"host", "container"} <= volume.keys():
             raise BuilderError(f"{path}: profile '{name}' volumes need host and container")
         host = _substitute(volume["host"], params, f"profile '{name}' volumes", path)
-        _confine_volume(volume, host, chosen, f"{path}: profile '{name}'")
+        host, own_flag = _confine_volume(
+            volume, host, own, set(taken), overrides.taken_from, f"{path}: profile '{name}'"
+        )
+        if own_flag:
+            outside.append((own_flag, host))
         volumes.append((host, volume["container"], "rw"))
 
     args = [_substitute(a, params, f"profile '{name}' args", path) for a in profile["args"]]
@@ -427,15 +478,52 @@ def resolve(
         ),
         experimental=bool(profile.get("experimental", False)),
         warning=profile.get("warning", ""),
-        params=overrides.params,
+        params=tuple((given | taken).items()),
         model=model,
         model_revision=params.get("model_revision", ""),
+        hf_cache=hf_cache,
+        api_key_file=overrides.api_key_file or "",
+        extra_args=overrides.extra_args,
+        outside_state_root=tuple(outside),
     )
 
 
-def is_local_model(model: str) -> bool:
-    """A directory on this machine (mounted into the container), not a hub id."""
-    return model.startswith(("/", "./", "~"))
+# `--model` names a folder on this machine when it starts like a path or names something
+# that exists here (sglang's own test: os.path.exists); anything else must be a Hugging Face
+# hub id, NAME or ORG/NAME. A profile's default model is never a folder (it is refused).
+_PATH_STARTS = ("/", "./", "../", "~")
+_HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
+_HUB_ID = re.compile(rf"{_HUB_PART}(?:/{_HUB_PART})?")
+
+
+def looks_like_path(value: str) -> bool:
+    return value.startswith(_PATH_STARTS) or value in (".", "..") or value.startswith("$HOME")
+
+
+def host_path(value: str, given_as: str) -> str:
+    """A host folder given on the command line, absolute and normal: `~` (or a leading
+    `$HOME`) expanded, a relative path taken from the working directory. Docker takes a
+    relative `-v` source for a named volume; the host's root is never mounted (`given_as`,
+    the flag and value as given, names it then)."""
+    if value == "$HOME" or value.startswith("$HOME/"):
+        value = "~" + value[len("$HOME") :]
+    # normpath keeps a leading `//` (POSIX leaves its meaning to the system): one `/` here.
+    folder = "/" + posixpath.normpath(os.path.abspath(os.path.expanduser(value))).lstrip("/")
+    if folder == "/":
+        raise BuilderError(f"{given_as}: the host's root folder is never mounted")
+    return folder
+
+
+def model_dir(model: str) -> str | None:
+    """`--model`'s folder on this machine, absolute; None for a hub id (the rule above)."""
+    if looks_like_path(model) or os.path.exists(model):
+        return host_path(model, f"--model {model}")
+    if _HUB_ID.fullmatch(model) and ".." not in model and "--" not in model:
+        return None
+    raise BuilderError(
+        f"--model {model}: not a folder on this machine, nor a Hugging Face hub id (NAME or "
+        "ORG/NAME); write a folder as a path: /DIR, ./DIR, ../DIR or ~/DIR"
+    )
 
 
 # Where a profile's writable volumes may live on the VM: the state folder builder's profiles
@@ -444,32 +532,58 @@ def is_local_model(model: str) -> bool:
 SERVING_STATE_ROOT = "/var/lib/sglang"
 
 
-def _confine_volume(volume: dict, host: str, chosen: set[str], where: str) -> None:
+def in_state_root(host: str) -> bool:
+    """Under SERVING_STATE_ROOT, as written: absolute, normal (no `..` climbing out)."""
+    return (
+        host.startswith("/")
+        and posixpath.normpath(host) == host
+        and host.startswith(f"{SERVING_STATE_ROOT}/")
+    )
+
+
+def _confine_volume(
+    volume: dict, host: str, own: set[str], taken: set[str], taken_from: str, where: str
+) -> tuple[str, str]:
+    """(the host folder to mount, the operator's flag when it is theirs and outside
+    SERVING_STATE_ROOT, else ''); a folder anyone else chose outside it is refused: the
+    profile, or a param `taken` from `taken_from`."""
     template, container = volume["host"], volume["container"]
     if not (isinstance(template, str) and isinstance(container, str)):
         raise BuilderError(f"{where}: a volume's host and container must be strings")
     param = _PARAM.fullmatch(template)
-    if param and param.group(1) in chosen:  # the operator's own --set KEY=DIR
-        return
-    normal = posixpath.normpath(host)
-    if not (
-        host.startswith("/") and normal == host and normal.startswith(f"{SERVING_STATE_ROOT}/")
-    ):
-        how = f" (or --set {param.group(1)}=DIR)" if param else ""
+    key = param.group(1) if param else None
+    if key in own:  # the operator's own --set KEY=DIR on this command line
+        if not host.startswith("/"):
+            raise BuilderError(
+                f"--set {key}={host}: a folder to mount must be an absolute path (Docker "
+                "takes a relative one for a named volume)"
+            )
+        folder = host_path(host, f"--set {key}={host}")
+        return folder, "" if in_state_root(folder) else f"--set {key}={host}"
+    if in_state_root(host):
+        return host, ""
+    if key in taken:
         raise BuilderError(
-            f"{where}: volume {host!r} refused: a profile mounts read-write only under "
-            f"{SERVING_STATE_ROOT}/{how}"
+            f"{taken_from}: {key}={host!r} would mount {host!r} read-write: outside "
+            f"{SERVING_STATE_ROOT}/ only your own --set {key}=DIR on the command line may"
         )
+    how = f" (or --set {key}=DIR)" if key else ""
+    raise BuilderError(
+        f"{where}: volume {host!r} refused: a profile mounts read-write only under "
+        f"{SERVING_STATE_ROOT}/{how}"
+    )
 
 
-def _refuse_control_characters(overrides: Overrides) -> None:
-    """What the command line gives goes into a docker run line, compose.yaml (its comments
-    too) and a systemd unit: a line break there would add lines of its own."""
+def refuse_control_characters(overrides: Overrides) -> None:
+    """What the command line (or chosen.json) gives goes into a docker run line,
+    compose.yaml (its comments too) and a systemd unit: a line break there would add lines
+    of its own."""
     given = [
         *((f"--set {key}", f"{key}={value}") for key, value in overrides.params),
+        *((overrides.taken_from, f"{key}={value}") for key, value in overrides.taken_params),
         *(("--extra-arg", arg) for arg in overrides.extra_args),
         ("--model", overrides.model or ""),
-        ("--hf-cache", overrides.hf_cache),
+        ("--hf-cache", overrides.hf_cache or ""),
         ("--api-key-file", overrides.api_key_file or ""),
     ]
     for flag, value in given:

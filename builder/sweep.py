@@ -10,6 +10,7 @@ named first in --sweep (the operator's order is the preference).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,7 +19,10 @@ from builder import gates as gate_list
 from builder.errors import BuilderError
 from builder.identity import builder_identity
 
-CHOSEN_SCHEMA = "builder-qualify-chosen/1"
+CHOSEN_SCHEMA = "builder-qualify-chosen/2"
+# Read back by --compare (the receipts' order); deploy-files refuses it: it does not record
+# the model, HF cache and port the sweep served.
+OLD_CHOSEN_SCHEMAS = ("builder-qualify-chosen/1",)
 CHOSEN_FILE = "chosen.json"
 
 
@@ -68,11 +72,21 @@ def level_figure(receipt: dict, concurrency: int) -> float | None:
 
 
 def image_ref(image: dict | None) -> str | None:
-    """The image by digest where the registry gave one, else as it was started."""
+    """The image by digest: its registry's where it has one, else its local id (a content
+    digest too); never a tag, which can move."""
     if not image:
         return None
     digests = image.get("repo_digests") or []
-    return digests[0] if digests else image.get("reference") or image.get("id")
+    return digests[0] if digests else image.get("id")
+
+
+def is_commit(revision: str | None) -> bool:
+    """A 40-hex commit: a hub revision that cannot move."""
+    return bool(revision) and re.fullmatch(r"[0-9a-f]{40}", revision) is not None
+
+
+def is_partial(receipt: dict) -> bool:
+    return receipt["result"].get("verdict") == "partial"
 
 
 def _choice(swept: Swept, concurrency: int, figure: float, ties: list[str]) -> dict:
@@ -85,6 +99,10 @@ def _choice(swept: Swept, concurrency: int, figure: float, ties: list[str]) -> d
         "params": server.get("params") or [],
         "image": server.get("image"),
         "image_ref": image_ref(server.get("image")),
+        # The model, HF cache, port, API key file and extra args it was started with (the
+        # receipt's): with the image, profile and params, what deploy-files reproduces.
+        "launch": server.get("launch"),
+        "partial": is_partial(swept.receipt),
         "ties": ties,
     }
 
@@ -117,7 +135,7 @@ def choose(
         profiles.append({
             "profile": s.profile, "receipt": s.path, "stands": ok, "fell_at": fell, "why": why,
             "params": s.receipt["server"].get("params") or [],
-            "fallback_used": bool(attempts),
+            "fallback_used": bool(attempts), "partial": is_partial(s.receipt),
         })  # fmt: skip
     return {
         "schema": CHOSEN_SCHEMA,
@@ -143,7 +161,7 @@ def table(doc: dict, swept: list[Swept]) -> list[list[str]]:
     by_name = {s.profile: s for s in swept}
     for entry in doc["profiles"]:
         receipt = by_name[entry["profile"]].receipt
-        verdict = "ok" if entry["stands"] else f"FAIL {entry['fell_at']}: {entry['why']}"
+        verdict = said(entry["stands"], entry["fell_at"], entry["why"], entry["partial"])
         if entry["fallback_used"]:
             verdict += " (on its fallback)"
         cells = []
@@ -153,6 +171,17 @@ def table(doc: dict, swept: list[Swept]) -> list[list[str]]:
             cells.append("-" if figure is None else f"{figure:g}{mark}")
         rows.append([entry["profile"], verdict[:70], *cells])
     return rows
+
+
+def said(stands: bool, fell_at: str | None, why: str | None, partial: bool) -> str:
+    """A profile's verdict in a sweep, worded one way wherever it is shown: `ok`, `partial`
+    (verify, the backends or throughput did not run; chosen only with --allow-partial), or
+    `FAIL` where it fell and why."""
+    if stands:
+        return "partial" if partial else "ok"
+    if fell_at == "partial":
+        return "partial (not chosen without --allow-partial)"
+    return f"FAIL {fell_at}: {why}"
 
 
 def summary(doc: dict) -> str:
@@ -172,7 +201,7 @@ def load_chosen(folder: str | Path) -> dict:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise BuilderError(f"{path}: not a readable {CHOSEN_FILE} ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != CHOSEN_SCHEMA:
+    if not isinstance(doc, dict) or doc.get("schema") not in (CHOSEN_SCHEMA, *OLD_CHOSEN_SCHEMAS):
         raise BuilderError(f"{path}: not a {CHOSEN_SCHEMA} file")
     problem = _chosen_problem(doc)
     if problem:

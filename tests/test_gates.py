@@ -438,7 +438,7 @@ def test_the_sweep_chooses_the_fastest_profile_that_passed_every_gate() -> None:
     assert rows[1] == ["first", "ok (on its fallback)", "40", "900*", "-"]
     assert rows[3][:2] == ["wrong", "FAIL gate gsm8k: failed: gsm8k said no"]
     assert sweep.summary(doc) == "chosen at concurrency 32: first (900 output tok/s)"
-    schema = json.loads((Path(__file__).parents[1] / "manifests/chosen-v1.json").read_text())
+    schema = json.loads((Path(__file__).parents[1] / "manifests/chosen-v2.json").read_text())
     jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(doc)
 
 
@@ -456,37 +456,15 @@ def test_no_profile_standing_chooses_none() -> None:
     )
 
 
-def test_deploy_files_profile_chosen_takes_the_sweeps_choice(tmp_path: Path) -> None:
-    from argparse import Namespace
+def test_deploy_files_says_in_one_line_that_the_sweep_chose_nothing(tmp_path: Path) -> None:
+    from builder.commands import deploy_chosen
 
-    from builder.commands.serve import apply_chosen
-
-    swept = [sweep.Swept("first", _receipt({32: 900.0}, fallback=True), "first/receipt.json")]
-    (tmp_path / "chosen.json").write_text(json.dumps(sweep.choose(swept, [32], choose_at=32)))
-
-    def given(**options) -> Namespace:
-        defaults = {"qualify_dir": str(tmp_path), "manifest": None, "image": None, "set": []}
-        return Namespace(profile="chosen", **{**defaults, **options})
-
-    args = given(set=["mem_fraction_static=0.8"])
-    apply_chosen(args)
-    assert (args.profile, args.image) == ("first", "reg/img@sha256:def")
-    assert args.set == ["k=v", "mem_fraction_static=0.8"], "the sweep's params, then yours"
-    same = given(image="img:1")  # the image as it was started is the same image
-    apply_chosen(same)
-    assert same.image == "img:1"
-    with pytest.raises(
-        BuilderError, match=r"--image other:2: .* chose first on reg/img@sha256:def"
-    ):
-        apply_chosen(given(image="other:2"))
-    with pytest.raises(BuilderError, match="--manifest: with --profile chosen"):
-        apply_chosen(given(manifest="m.json"))
     wrong = [sweep.Swept("wrong", _receipt({32: 1.0}, failed="gsm8k"), "wrong/receipt.json")]
     (tmp_path / "chosen.json").write_text(json.dumps(sweep.choose(wrong, [32], choose_at=32)))
     with pytest.raises(BuilderError, match="the sweep chose no profile at concurrency 32"):
-        apply_chosen(given())
+        deploy_chosen.load(tmp_path)
     with pytest.raises(BuilderError, match=r"chosen\.json: not a readable chosen\.json"):
-        apply_chosen(given(qualify_dir=str(tmp_path / "nowhere")))
+        deploy_chosen.load(tmp_path / "nowhere")
 
 
 def test_a_partial_receipt_stands_in_a_sweep_only_with_allow_partial() -> None:
@@ -502,6 +480,14 @@ def test_a_partial_receipt_stands_in_a_sweep_only_with_allow_partial() -> None:
     assert doc["profiles"][0]["fell_at"] == "partial" and "verify" in doc["profiles"][0]["why"]
     allowed = sweep.choose(swept, [32], choose_at=32, allow_partial=True)
     assert allowed["chosen"]["profile"] == "partial" and "--allow-partial" in allowed["rule"]
+    # One word, one way (#55 saw `FAIL partial: ...`, `ok` and `(partial)` in one sweep), and
+    # chosen.json says its choice's receipt is partial.
+    assert [row[1] for row in sweep.table(doc, swept)[1:]] == [
+        "partial (not chosen without --allow-partial)", "ok"
+    ]  # fmt: skip
+    assert [row[1] for row in sweep.table(allowed, swept)[1:]] == ["partial", "ok"]
+    assert (allowed["chosen"]["partial"], doc["chosen"]["partial"]) == (True, False)
+    assert [p["partial"] for p in allowed["profiles"]] == [True, False]
     # Gaps that no receipt needs (no container to look into, no GPU seen) leave it qualified.
     fine = gates.verdict(
         {"ok": True, "failed_at": None, "message": "every check passed"},
@@ -524,18 +510,29 @@ def test_a_profile_the_sweep_cannot_start_falls_and_the_others_are_still_chosen(
         "runs"
     ]["standin-mtp"]["receipt"]
 
+    partial = {**measured, "result": gates.verdict(
+        measured["result"], [{"what": "verify", "why": "not a builder image"}]
+    )}  # fmt: skip
+
     def start(args, name, known, plan, folder):
         if name == "broken":
             raise BuilderError("docker run: image not found")
-        return measured
+        return partial if name == "partial" else measured
 
     monkeypatch.setattr(qualify_sweep, "_qualify_one", start)
     plan = SimpleNamespace(concurrency=[1, 32])
-    args = argparse.Namespace(choose_at=32, json=True, allow_partial=False)
-    qualify_sweep.run(args, plan, tmp_path, ["broken", "good"], known=None)
+    args = argparse.Namespace(choose_at=32, json=False, allow_partial=False)
+    qualify_sweep.run(args, plan, tmp_path, ["broken", "good", "partial"], known=None)
     chosen = json.loads((tmp_path / "chosen.json").read_text())
     assert chosen["chosen"]["profile"] == "good"
     fell = {p["profile"]: (p["stands"], p["fell_at"], p["why"]) for p in chosen["profiles"]}
     assert fell["broken"] == (False, "start", "docker run: image not found")
     assert json.loads((tmp_path / "broken" / "receipt.json").read_text())["result"]["ok"] is False
-    assert "broken: docker run: image not found" in capsys.readouterr().err
+    said = capsys.readouterr()
+    assert "broken: docker run: image not found" in said.err
+    # Each profile's verdict is worded the same in its progress line and in the table.
+    table = dict(line.split(None, 1) for line in said.out.splitlines()[1:4])
+    for name, verdict in (("broken", "FAIL start: docker run: image not found"), ("good", "ok"),
+                          ("partial", "partial (not chosen without --allow-partial)")):  # fmt: skip
+        assert f"\n{name}: {verdict}\n" in said.err
+        assert table[name].startswith(f"{verdict}  "), said.out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tomllib
 from pathlib import Path
@@ -516,3 +517,82 @@ def test_a_recipe_s_default_model_cannot_mount_a_host_folder() -> None:
         launch.resolve(recipe_profiles, "p", IMAGE, launch.Overrides())
     chosen = launch.resolve(recipe_profiles, "p", IMAGE, launch.Overrides(model="/data/GLM-5"))
     assert ("/data/GLM-5", "/models/GLM-5", "ro") in chosen.volumes
+
+
+def _run_in(builder: Builder, cwd: Path, *args: str):
+    """`builder ...` run from `cwd` (relative paths are the operator's, not the checkout's)."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "COLUMNS": "200", "BUILDER_CONFIG": "/nonexistent"}
+    return subprocess.run(builder.command(*args), capture_output=True, text=True, cwd=cwd, env=env)
+
+
+def test_a_relative_model_and_hf_cache_are_made_absolute_before_anything_renders(
+    builder: Builder, tmp_path: Path
+) -> None:
+    """#55: `--model ./GLM-5-NVFP4-MTP` printed `-v GLM-5-NVFP4-MTP:/models/...`, a Docker
+    named volume, in the docker run and in compose.yaml; `--hf-cache relative/hf` too."""
+    _manifest(builder.data_dir / "manifests/sm120-0.5.9", pushed=True)
+    (tmp_path / "GLM-5-NVFP4").mkdir()
+    printed = _run_in(builder, tmp_path, "launch", "--model", "./GLM-5-NVFP4", "--json")
+    assert printed.returncode == 0, printed.stderr
+    recipe = json.loads(printed.stdout)
+    mount = f"{tmp_path}/GLM-5-NVFP4:/models/GLM-5-NVFP4:ro"
+    assert recipe["model"] == str(tmp_path / "GLM-5-NVFP4")
+    assert recipe["docker_run"][recipe["docker_run"].index(mount) - 1] == "-v"
+    hub = _run_in(builder, tmp_path, "deploy-files", "--hf-cache", "relative/hf", "--out", "d")
+    assert hub.returncode == 0, hub.stderr
+    compose = (tmp_path / "d" / "compose.yaml").read_text()
+    assert f'"{tmp_path}/relative/hf:/root/.cache/huggingface:rw"' in compose
+    assert (
+        f"--hf-cache: mounts {tmp_path}/relative/hf read-write, outside /var/lib/sglang/ "
+        "(your own flag on this command line)"
+    ) in hub.stderr
+
+
+@pytest.mark.parametrize("given", ["./absent", "/data/absent-GLM-5", "~/absent-GLM-5", "file"])
+def test_a_local_model_that_is_not_a_folder_here_is_an_error_for_every_profile(
+    builder: Builder, tmp_path: Path, given: str
+) -> None:
+    """It was a warning for an MTP profile, and nothing at all for the others."""
+    _manifest(builder.data_dir / "manifests/sm120-0.5.9", pushed=True)
+    (tmp_path / "file").write_text("not a checkpoint")
+    result = _run_in(builder, tmp_path, "launch", "--model", given)
+    assert result.returncode == 1, result.stderr
+    folder = {"./absent": tmp_path / "absent", "file": tmp_path / "file",
+              "~/absent-GLM-5": Path.home() / "absent-GLM-5"}.get(given, given)  # fmt: skip
+    why = "not a folder" if given == "file" else "no such folder on this machine"
+    assert result.stderr.strip().splitlines() == [f"error: --model {given}: {why} ({folder})"]
+    assert not result.stdout
+
+
+def test_a_hub_id_is_told_from_a_path_by_one_rule(tmp_path: Path, monkeypatch) -> None:
+    """A folder: starts with /, ./, ../ or ~, or exists here (as sglang decides); anything
+    else is a hub id, NAME or ORG/NAME, or refused."""
+    monkeypatch.chdir(tmp_path)
+    assert launch.model_dir("festr2/GLM-5-NVFP4-MTP") is None
+    assert launch.model_dir("gpt2") is None
+    assert launch.model_dir("./festr2/GLM-5-NVFP4-MTP") == f"{tmp_path}/festr2/GLM-5-NVFP4-MTP"
+    assert launch.model_dir("../up") == f"{tmp_path.parent}/up"
+    (tmp_path / "festr2" / "GLM-5-NVFP4-MTP").mkdir(parents=True)
+    assert launch.model_dir("festr2/GLM-5-NVFP4-MTP") == f"{tmp_path}/festr2/GLM-5-NVFP4-MTP"
+    for neither in ("data/models/GLM-5", "org/../name", "org--x/name", "-x", "a b"):
+        with pytest.raises(BuilderError, match=rf"--model {re.escape(neither)}: not a folder on "
+                           "this machine, nor a Hugging Face hub id"):  # fmt: skip
+            launch.model_dir(neither)
+
+
+def test_an_operator_volume_folder_must_be_absolute() -> None:
+    """A relative `--set` for a volume's folder became a Docker named volume."""
+    profiles = _recipe_profiles([{"host": "{cache}", "container": "/root/.cache/sglang"}])
+    with pytest.raises(BuilderError, match=r"--set cache=cache: a folder to mount must be an "
+                       r"absolute path \(Docker takes a relative one for a named volume\)"):  # fmt: skip
+        launch.resolve(profiles, "p", IMAGE, launch.Overrides(params=(("cache", "cache"),)))
+    with pytest.raises(
+        BuilderError, match="--set cache=/: the host's root folder is never mounted"
+    ):
+        launch.resolve(profiles, "p", IMAGE, launch.Overrides(params=(("cache", "/"),)))
+    mine = launch.resolve(profiles, "p", IMAGE, launch.Overrides(params=(("cache", "/srv/c/"),)))
+    assert ("/srv/c", "/root/.cache/sglang", "rw") in mine.volumes
+    assert mine.outside_state_root == (("--set cache=/srv/c/", "/srv/c"),)

@@ -110,7 +110,7 @@ def test_a_sweep_retries_a_capture_hang_on_its_fallback_and_chooses_what_passed(
             pytest.fail(f"the sweep left {name} behind")
     assert result.returncode == 0, result.stdout + result.stderr
     chosen = json.loads((out / "chosen.json").read_text())
-    schema = json.loads((REPO_ROOT / "manifests" / "chosen-v1.json").read_text())
+    schema = json.loads((REPO_ROOT / "manifests" / "chosen-v2.json").read_text())
     jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(
         chosen
     )
@@ -161,7 +161,13 @@ def test_a_sweep_retries_a_capture_hang_on_its_fallback_and_chooses_what_passed(
     assert chosen["chosen"]["concurrency"] == 4
     assert chosen["chosen"]["receipt"] == "hangs-then-falls-back/receipt.json"
     assert ["cuda_graph_backend_decode", "breakable"] in chosen["chosen"]["params"]
-    assert chosen["chosen"]["image_ref"] == sweep_image
+    # By digest: the local build has no registry digest, so its id; never the tag.
+    assert chosen["chosen"]["image_ref"] == hung["server"]["image"]["id"] != sweep_image
+    assert chosen["chosen"]["launch"] == {
+        "model": None, "model_revision": None, "hf_cache": str(tmp_path / "hf"), "port": port,
+        "api_key_file": None, "extra_args": [],
+    }  # fmt: skip
+    assert chosen["chosen"]["partial"] is True
     standing = {p["profile"]: (p["stands"], p["fell_at"]) for p in chosen["profiles"]}
     assert standing == {
         "hangs-then-falls-back": (True, None),
@@ -169,18 +175,32 @@ def test_a_sweep_retries_a_capture_hang_on_its_fallback_and_chooses_what_passed(
     }
     lines = result.stdout.splitlines()
     assert any(line.startswith("wrong-at-gsm8k") and "FAIL gate gsm8k" in line for line in lines)
+    # Partial is one word, one way: the table, the progress line, chosen.json, deploy-files.
+    assert any(line.split()[:4] == ["hangs-then-falls-back", "partial", "(on", "its"]
+               for line in lines)  # fmt: skip
+    assert "\nhangs-then-falls-back: partial\n" in result.stderr
     assert lines[-1].startswith("chosen at concurrency 4: hangs-then-falls-back (")
 
-    # deploy-files from the sweep's choice: its profile, its fallback param, its image.
+    # deploy-files from the sweep's choice: exactly the server the receipt's container ran,
+    # argument by argument, with the same mounts, on the same image. Its HF cache is outside
+    # /var/lib/sglang: the operator's own --hf-cache says so.
     deployed = bare_builder(
         tmp_path, docker_host, "deploy-files", "--profile", "chosen", "--qualify-dir", str(out),
         "--hf-cache", str(tmp_path / "hf"), "--out", str(tmp_path / "deploy"),
     )  # fmt: skip
     assert "profile chosen by the sweep" in deployed.stderr
+    assert "its receipt is partial" in deployed.stderr
     service = yaml.safe_load((tmp_path / "deploy" / "compose.yaml").read_text())["services"]
     command = service["sglang"]["command"]
     assert command[command.index("--cuda-graph-backend-decode") + 1] == "breakable"
-    assert service["sglang"]["image"] == sweep_image
+    ran = hung["server"]["command"]
+    assert ran[: len(hung["server"]["entrypoint"])] == ["python3", "/standin.py"]
+    ran = ran[len(hung["server"]["entrypoint"]) :]
+    assert len(command) == len(ran)
+    for at, (compose_arg, container_arg) in enumerate(zip(command, ran, strict=True)):
+        assert compose_arg == container_arg, f"argument {at}"
+    assert sorted(service["sglang"]["volumes"]) == sorted(hung["server"]["mounts"])
+    assert service["sglang"]["image"] == hung["server"]["image"]["id"]
 
     # --compare reads the sweep's folder: one table, one plot.
     compared = json.loads(bare_builder(

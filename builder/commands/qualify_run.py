@@ -104,10 +104,14 @@ _SECRET_NAME = re.compile(r"key|token|password|secret|credential", re.IGNORECASE
 
 
 def _server_command(container) -> list[str]:
-    """What the container runs (entrypoint + command), with the value of every flag whose
-    name says secret (`--api-key V`, `--api-key=V`, `--ssl-keyfile-password V`) hidden."""
+    """What the container runs (entrypoint + command), secrets hidden (`redacted`)."""
     config = container.attrs["Config"]
-    command = [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
+    return redacted([*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])])
+
+
+def redacted(command: list[str]) -> list[str]:
+    """`command` with the value of every flag whose name says secret (`--api-key V`,
+    `--api-key=V`, `--ssl-keyfile-password V`) hidden, as a receipt records it."""
     shown = []
     for index, part in enumerate(command):
         flag, equals, _ = part.partition("=")
@@ -178,7 +182,11 @@ class _Failed(Exception):
 
 
 def _launched_profile(args, container) -> tuple[str | None, tuple]:
-    """--profile and --set, else what `launch` labelled the container with."""
+    """The profile and params of the server qualify started (a fallback's included), else
+    --profile and --set, else what `launch` labelled the container with."""
+    launched = getattr(args, "launched", None)
+    if launched:
+        return launched.recipe.profile, launched.recipe.params
     params = tuple(tuple(item.split("=", 1)) for item in args.set)
     if args.profile or container is None:
         return args.profile, params
@@ -238,6 +246,15 @@ def run_checks(args, url: str, plan: Plan, out: Path, earlier: list | None = Non
             "profile": profile,
             "params": [list(pair) for pair in params],
             "command": _server_command(container) if container else None,
+            # What Docker ran, for deploy-files to reproduce: the image's entrypoint (the
+            # command's head) and the host folders mounted.
+            "entrypoint": redacted(container.attrs["Config"].get("Entrypoint") or [])
+            if container
+            else None,
+            "mounts": list(container.attrs["HostConfig"].get("Binds") or []) if container else None,
+            "launch": args.launched.recipe.served_from()
+            if getattr(args, "launched", None)
+            else None,
         },
         "gpus": gpu_state.describe(),
         "verify": None,

@@ -15,15 +15,17 @@ from builder import launch, progress, sweep, validate
 from builder.cache import atomic_write_text
 from builder.commands import qualify as qualify_command
 from builder.commands.common import print_json
+from builder.commands.serve import launch_overrides
 from builder.errors import EXIT_CODES, BuilderError
 from builder.receipt_views import RECEIPT_SCHEMA, plot_compare
 
 
-def _with_params(args: argparse.Namespace, name: str, params) -> argparse.Namespace:
-    """The options for one profile's start: its name, --set with `params` over the user's."""
+def _with_params(args: argparse.Namespace, name: str, fallback) -> argparse.Namespace:
+    """The options for one profile's start: its name, and its `fallback` params over the
+    user's --set, taken from the profile (they never mount outside the state folder)."""
     one = copy.copy(args)
-    merged = dict(item.split("=", 1) for item in args.set) | dict(params)
-    one.profile, one.set = name, [f"{key}={value}" for key, value in merged.items()]
+    one.profile, one.taken_params = name, tuple(fallback)
+    one.taken_from = f"profile {name}'s fallback" if fallback else ""
     return one
 
 
@@ -35,14 +37,21 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], launch.Profiles]:
     known = qualify_command.profiles_for(args)
     for name in names:
         for params in ((), launch.fallback_params(known, name)):
-            one = _with_params(args, name, params)
-            overrides = launch.Overrides(
-                model=one.model, port=one.port, params=tuple(p.split("=", 1) for p in one.set),
-                extra_args=tuple(one.extra_arg), hf_cache=one.hf_cache,
-                container_name=one.name, bind=one.bind,
-            )  # fmt: skip
-            launch.resolve(known, name, "-", overrides)
+            recipe = launch.resolve(
+                known, name, "-", launch_overrides(_with_params(args, name, params))
+            )
+        _warn_unpinned(recipe)
     return names, known
+
+
+def _warn_unpinned(recipe: launch.Recipe) -> None:
+    """A hub model at a branch: what the sweep measures is not what a later deploy pulls."""
+    if recipe.model and not recipe.model_is_local and not sweep.is_commit(recipe.model_revision):
+        progress.warn(
+            f"profile {recipe.profile}: {recipe.model} at revision "
+            f"{recipe.model_revision or '(none)'} is a branch, not a commit: deploy-files "
+            "--profile chosen will refuse it; --set model_revision=COMMIT, or --model DIR"
+        )
 
 
 def _qualify_one(args, name: str, known: launch.Profiles, plan, folder: Path) -> dict:
@@ -104,7 +113,8 @@ def run(args: argparse.Namespace, plan, out: Path, names: list[str], known) -> N
             receipt = _not_started(name, str(exc), folder)
         swept.append(sweep.Swept(name, receipt, f"{name}/receipt.json"))
         stands, fell, why = sweep.standing(receipt, args.allow_partial)
-        progress.info(escape(f"{name}: " + ("stands" if stands else f"FAIL {fell}: {why}")))
+        verdict = sweep.said(stands, fell, why, sweep.is_partial(receipt))
+        progress.info(escape(f"{name}: {verdict}"))
     doc = sweep.choose(swept, plan.concurrency, args.choose_at, args.allow_partial)
     chosen_path = out / sweep.CHOSEN_FILE
     atomic_write_text(chosen_path, json.dumps(doc, indent=2, sort_keys=True) + "\n")

@@ -29,6 +29,7 @@ from builder.lazy import lazy_module
 from builder.settings import resolve_data_dir
 from builder.target import load_target
 
+deploy_chosen = lazy_module("builder.commands.deploy_chosen")
 docker_client = lazy_module("builder.docker_client")
 image_recipe = lazy_module("builder.recipe")
 launch = lazy_module("builder.launch")
@@ -40,7 +41,6 @@ progress = lazy_module("builder.progress")
 readiness = lazy_module("builder.readiness")
 receipts = lazy_module("builder.receipts")
 runtime_jit = lazy_module("builder.runtime_jit")
-sweep = lazy_module("builder.sweep")
 validate = lazy_module("builder.validate")
 docker = lazy_module("docker")
 
@@ -62,14 +62,9 @@ def _key_values(flag: str, items: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
-    """The resolved launch recipe and where it came from (an image's recipe or a manifest)."""
-    launch.bind_address(args.bind)  # before looking for a manifest
-    if args.image and args.manifest:
-        raise BuilderError("--image and --manifest: give one (the image carries its recipe)")
-    if args.image:
-        validate.image_reference("--image", args.image)
-    params = _key_values("--set", args.set)
+def launch_overrides(args: argparse.Namespace) -> launch.Overrides:
+    """The launch options as overrides, every host path checked before anything renders:
+    a --model folder exists here (whatever the profile), an API key file is one."""
     key_file = None
     if args.api_key_file:
         read_api_key(args.api_key_file)  # exists, readable, not empty: checked, not kept
@@ -77,17 +72,39 @@ def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
     overrides = launch.Overrides(
         model=args.model,
         port=args.port,
-        params=tuple(params),
+        params=tuple(_key_values("--set", args.set)),
         extra_args=tuple(args.extra_arg),
         hf_cache=args.hf_cache,
         container_name=args.name,
         bind=args.bind,
         api_key_file=key_file,
+        taken_params=tuple(args.taken_params),
+        taken_from=args.taken_from,
     )
+    launch.refuse_control_characters(overrides)
+    given_as = f"--model {args.model}"
+    model = args.model
+    if not model and (set_model := dict(overrides.params).get("model")):
+        given_as, model = f"--set model={set_model}", set_model
+    folder = launch.model_dir(model) if model else None
+    if folder is not None and not Path(folder).is_dir():
+        why = "not a folder" if Path(folder).exists() else "no such folder on this machine"
+        raise BuilderError(f"{given_as}: {why} ({folder})")
+    return overrides
+
+
+def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
+    """The resolved launch recipe and where it came from (an image's recipe or a manifest)."""
+    launch.bind_address(args.bind)  # before looking for a manifest
+    if args.image and args.manifest:
+        raise BuilderError("--image and --manifest: give one (the image carries its recipe)")
+    if args.image:
+        validate.image_reference("--image", args.image)
+    overrides = launch_overrides(args)
     if args.image:
         profiles = image_recipe.profiles_of(image_recipe.launch_recipe(args.image), args.image)
         recipe = launch.resolve(profiles, args.profile, args.image, overrides)
-        check_checkpoint(recipe, args.hf_cache)
+        check_checkpoint(recipe)
         source = f"{args.image}:{image_recipe.RECIPE_PATH}"
         say_receipt(None, args.image)
     else:
@@ -97,7 +114,7 @@ def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
         # Profile, params, port and the checkpoint are checked before any manifest is
         # looked for.
         recipe = launch.resolve(profiles, args.profile, "-", overrides)
-        check_checkpoint(recipe, args.hf_cache)
+        check_checkpoint(recipe)
         directory = manifest.manifest_dir(data_dir, args.manifest_dir, target.name)
         path = Path(args.manifest) if args.manifest else manifest.latest_with_image(directory)
         record = manifest.load(path)
@@ -111,18 +128,25 @@ def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
     recipe = with_p2p_record(args, recipe, profiles)
     if recipe.experimental:
         progress.warn(f"profile {recipe.profile} is EXPERIMENTAL: {recipe.warning}")
+    for flag, folder in recipe.outside_state_root:
+        progress.info(
+            escape(
+                f"{flag}: mounts {folder} read-write, outside {launch.SERVING_STATE_ROOT}/ "
+                "(your own flag on this command line)"
+            )
+        )
     return recipe, source
 
 
-def check_checkpoint(recipe: launch.Recipe, hf_cache: str) -> None:
+def check_checkpoint(recipe: launch.Recipe) -> None:
     """The checkpoint on this machine against the recipe (index pattern, MTP weights)."""
     model_check.check_checkpoint(
         recipe.profile,
         recipe.args,
         recipe.model,
-        launch.is_local_model(recipe.model),
+        recipe.model_is_local,
         recipe.model_revision,
-        hf_cache,
+        recipe.hf_cache,
     )
 
 
@@ -226,42 +250,13 @@ def start_server(recipe: launch.Recipe) -> None:
         raise
 
 
-def apply_chosen(args: argparse.Namespace) -> None:
-    """`--profile chosen`: the profile, its params and the image a `qualify --sweep` chose
-    (its chosen.json in --qualify-dir); a --set given as well goes on top, with a warning."""
-    doc = sweep.load_chosen(args.qualify_dir)
-    where = Path(args.qualify_dir) / sweep.CHOSEN_FILE
-    chosen = doc["chosen"]
-    if not chosen:
-        raise BuilderError(
-            f"{where}: the sweep chose no profile at concurrency {doc['choose_at']} "
-            "(none passed every gate: builder qualify --compare shows why)"
-        )
-    image = chosen.get("image") or {}
-    known = {
-        chosen["image_ref"],
-        image.get("reference"),
-        image.get("id"),
-        *image.get("repo_digests", []),
-    }
-    if args.manifest:
-        raise BuilderError("--manifest: with --profile chosen the image is the one the sweep ran")
-    if args.image and args.image not in known:
-        raise BuilderError(
-            f"--image {args.image}: {where} chose {chosen['profile']} on {chosen['image_ref']}; "
-            "drop --image (it comes from there)"
-        )
-    for item in args.set:
-        progress.warn(f"--set {item}: on top of what the sweep qualified ({where})")
-    args.image = args.image or chosen["image_ref"]
-    args.profile = chosen["profile"]
-    args.set = [f"{key}={value}" for key, value in chosen["params"]] + list(args.set)
-    progress.info(
-        escape(
-            f"profile chosen by the sweep ({where}): {chosen['profile']} on {args.image}, "
-            f"{chosen['output_throughput']:g} output tok/s at concurrency {chosen['concurrency']}"
-        )
-    )
+def apply_chosen(args: argparse.Namespace) -> deploy_chosen.Chosen:
+    """`--profile chosen`: the server a `qualify --sweep` chose (its chosen.json in
+    --qualify-dir, checked against the receipt it cites) as the launch options."""
+    chosen = deploy_chosen.load(args.qualify_dir)
+    deploy_chosen.adopt(args, chosen)
+    progress.info(escape(deploy_chosen.said(chosen, args.image)))
+    return chosen
 
 
 def cmd_deploy_files(args: argparse.Namespace) -> None:
@@ -270,9 +265,10 @@ def cmd_deploy_files(args: argparse.Namespace) -> None:
         root = validate.writable_dir("--root", args.root)
     else:
         out = validate.writable_dir("--out", args.out).resolve()
-    if args.profile == "chosen":
-        apply_chosen(args)
+    chosen = apply_chosen(args) if args.profile == "chosen" else None
     recipe, source = recipe_from_args(args)
+    if chosen:
+        deploy_chosen.check_reproduces(recipe, chosen)
     if args.install:
         service_dir = f"{INSTALL_DIR}/{recipe.profile}"
         out = validate.writable_dir("--root", str(root / service_dir.lstrip("/")))
@@ -438,7 +434,12 @@ def add_launch_options(command: argparse.ArgumentParser, skip: tuple[str, ...] =
     )
     option("--manifest", help="manifest to take the image from (default: latest)")
     option("--manifest-dir", metavar="DIR", help="where manifests are")
-    option("--model", help="HF model id, or a local weights directory to mount")
+    option(
+        "--model",
+        help="a Hugging Face hub id (NAME or ORG/NAME), or a weights folder on this machine to "
+        "mount read-only: a path starting with /, ./, ../ or ~, or one that exists here (made "
+        "absolute; it must exist)",
+    )
     option("--port", type=int, help="server port (default: the profile's)")
     option(
         "--set",
@@ -458,10 +459,9 @@ def add_launch_options(command: argparse.ArgumentParser, skip: tuple[str, ...] =
     )
     option(
         "--hf-cache",
-        default=launch.HF_CACHE_DEFAULT,
         metavar="DIR",
-        help="host directory for the Hugging Face cache, an absolute path a system "
-        f"service can reach (default: {launch.HF_CACHE_DEFAULT})",
+        help="host folder for the Hugging Face cache, made absolute (a system service has no "
+        f"working directory or $HOME of yours) (default: {launch.HF_CACHE_DEFAULT})",
     )
     option("--name", help="container name (default: the profile's)")
     option(
@@ -489,6 +489,8 @@ def add_launch_options(command: argparse.ArgumentParser, skip: tuple[str, ...] =
         help="host address the server port is published on (default: 127.0.0.1, this "
         "machine only; 0.0.0.0 opens it to the network: put an API key in front)",
     )
+    # Params a file gives (chosen.json, a profile's fallback), not this command line.
+    command.set_defaults(taken_params=(), taken_from="")
 
 
 def register(sub) -> None:
@@ -520,8 +522,12 @@ def register(sub) -> None:
         "write a compose file and a systemd unit for the GPU VM",
         "Write compose.yaml (GPU reservation, host IPC, healthcheck with a start period that "
         "allows slow starts, no restart loop) and a systemd unit that runs it, for a launch "
-        "profile and the image of a manifest. --profile chosen takes the profile, its params "
-        "and the image from the chosen.json of a `qualify --sweep` (--qualify-dir).\n\n"
+        "profile and the image of a manifest. --profile chosen deploys the server a "
+        "`qualify --sweep` chose (its chosen.json in --qualify-dir): the image by digest, "
+        "profile, params, model, HF cache, port, API key file and extra args its receipt's "
+        "server ran, compared with that server's command argument by argument; a flag that "
+        "says otherwise is refused, and a param or HF cache it names mounts read-write "
+        "outside /var/lib/sglang only when your own --set or --hf-cache says the same.\n\n"
         "examples:\n"
         "  builder deploy-files --target sm120 --out deploy/\n"
         "  builder deploy-files --profile chosen --qualify-dir qualify/ --out deploy/",
@@ -533,7 +539,7 @@ def register(sub) -> None:
         default="qualify",
         metavar="DIR",
         help="with --profile chosen: the `qualify --sweep --out` folder whose chosen.json "
-        "names the profile, its params and the image (default: ./qualify)",
+        "(and the receipt it cites) says what to deploy (default: ./qualify)",
     )
     deploy.add_argument("--out", default="deploy", help="output directory (default: ./deploy)")
     deploy.add_argument(
