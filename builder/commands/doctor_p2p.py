@@ -1,6 +1,6 @@
 """`builder doctor --p2p`: measure the GPUs' peer-to-peer fabric before any model loads (the
 probe in the server image), judge it with the host's facts, and keep the record that
-`builder launch` applies on this machine."""
+`builder launch` applies on this machine (builder/p2p_record.py: where, and why there)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,6 @@ def _probe_in_image(args: argparse.Namespace, image: str, nccl_env: dict[str, st
 def run(args: argparse.Namespace, recipe, tp: int) -> None:
     """`recipe`: the profile resolved as doctor resolves it (its env, its volumes)."""
     check_options(args)
-    cache_dir = args.sglang_cache or p2p_record.cache_dir_of(recipe.volumes)
     nccl_env = {k: v for k, v in recipe.env.items() if k.startswith("NCCL_")}
     facts = p2p_host.collect()
     image = None
@@ -93,7 +92,7 @@ def run(args: argparse.Namespace, recipe, tp: int) -> None:
         if not isinstance(probe, dict):
             raise TypeError("not a JSON object")
         analysis = p2p.analyse(probe, facts, recipe.env, tp)
-        record, note = _record(probe, facts, analysis, cache_dir, image, recipe.profile)
+        record, note = _record(probe, facts, analysis, image, recipe)
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
         raise BuilderError(
             f"the probe's answer is not what builder's probe writes ({type(exc).__name__}: "
@@ -124,12 +123,10 @@ def run(args: argparse.Namespace, recipe, tp: int) -> None:
         raise SystemExit(1)
 
 
-def _record(probe, facts, analysis, cache_dir: str | None, image: str | None, profile: str):
+def _record(probe, facts, analysis, image: str | None, recipe):
     """(path written, what launch will do) or (None, why none was written)."""
     if not probe.get("cuda"):
         return None, "not written: the probe measured nothing"
-    if not cache_dir:
-        return None, f"not written: profile {profile} has no sglang cache (give --sglang-cache)"
     machine = p2p_record.machine_from(facts.gpu_ids, facts.topology)
     topology = facts.topology
     if not isinstance(machine, p2p_record.Machine):  # no nvidia-smi here: the probe's own
@@ -138,6 +135,8 @@ def _record(probe, facts, analysis, cache_dir: str | None, image: str | None, pr
         topology = smi.get("topology")
     if not isinstance(machine, p2p_record.Machine):
         return None, f"not written: {machine}, so the record could not be keyed"
-    path = p2p_record.record_path(cache_dir, machine)
-    p2p_record.write(path, machine, topology, probe, facts, analysis, image, profile)
+    path = p2p_record.write(
+        p2p_record.record_dir(), machine, topology, probe, facts, analysis, image,
+        recipe.profile, recipe.volumes,
+    )  # fmt: skip
     return path, "builder launch, deploy-files and qualify --start on this machine apply it"

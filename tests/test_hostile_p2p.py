@@ -1,0 +1,329 @@
+"""Hostile P2P records, probe answers and other files a GPU VM's builder reads (security
+review #54, operator review #55): each test gives one specific record, file or answer and
+asserts the specific refusal.
+
+No GPU exists here: as in tests/test_p2p.py, a fake `nvidia-smi` (a shell script printing a
+recorded machine's GPU ids and topology) stands in for the GPUs. Everything else is real:
+the CLI, the files, links and FIFOs, child processes, tar archives, the docker CLI; the test
+of the NVIDIA runtime check uses the tests' Docker engine (marked engine by
+tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from builder import p2p_record
+from tests.test_p2p import DATA, _builder, _case, _doctor, _fake_nvidia_smi, _launch
+
+PCIE_AR = "glm5-nvfp4-tp8-pcie-ar"
+VOLUME_IN_CONTAINER = "/root/.cache/sglang"  # where the profiles mount sglang_cache
+MOVE_IT = "keep records outside it (BUILDER_P2P_DIR=DIR for doctor --p2p and launch)"
+
+
+def _honest(tmp_path: Path, case: str = "collapsed-pex89144") -> tuple[Path, Path, Path]:
+    """(the records folder, the record doctor wrote there for `case`, the fake nvidia-smi).
+    The collapsed case's record refuses -pcie-ar and sets NCCL_P2P_DISABLE=1."""
+    _, facts = _case(case)
+    smi = _fake_nvidia_smi(tmp_path / "smi", facts)
+    records = tmp_path / "records"
+    _, answer = _doctor(case, records, smi)
+    return records, Path(answer["record"]), smi
+
+
+def _rewrite(path: Path, change: Callable[[dict], object]) -> None:
+    record = json.loads(path.read_text())
+    change(record)
+    path.write_text(json.dumps(record))
+
+
+def _allow_pcie_ar(record: dict) -> None:
+    record["settings"]["pcie_ar"] = {"allowed": True, "why": "forged"}
+
+
+def _error(done: subprocess.CompletedProcess) -> str:
+    return done.stderr.strip().splitlines()[-1]
+
+
+# --- the record's settings: only what doctor writes -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "forged", "refusal"),
+    [
+        (
+            "set",
+            {"NCCL_NET_PLUGIN": "/root/.cache/sglang/libnccl-net.so"},
+            "settings.nccl.set NCCL_NET_PLUGIN=/root/.cache/sglang/libnccl-net.so: not a "
+            "setting doctor writes (it sets NCCL_P2P_DISABLE=1 only)",
+        ),
+        (
+            "set",
+            {"NCCL_TUNER_PLUGIN": "libnccl-tuner.so"},
+            "settings.nccl.set NCCL_TUNER_PLUGIN=libnccl-tuner.so: not a setting doctor "
+            "writes (it sets NCCL_P2P_DISABLE=1 only)",
+        ),
+        (
+            "set",
+            {"NCCL_PROTO": "Simple"},
+            "settings.nccl.set NCCL_PROTO=Simple: not a setting doctor writes (it sets "
+            "NCCL_P2P_DISABLE=1 only)",
+        ),
+        (  # the one variable doctor sets, with a value it never writes
+            "set",
+            {"NCCL_P2P_DISABLE": "0"},
+            "settings.nccl.set NCCL_P2P_DISABLE=0: not a setting doctor writes (it sets "
+            "NCCL_P2P_DISABLE=1 only)",
+        ),
+        (
+            "unset",
+            ["NCCL_IB_DISABLE"],
+            "settings.nccl.unset NCCL_IB_DISABLE: not a setting doctor drops (it drops "
+            "NCCL_P2P_LEVEL only)",
+        ),
+    ],
+)
+def test_a_record_with_nccl_settings_doctor_never_writes_is_refused(
+    tmp_path: Path, field: str, forged: object, refusal: str
+) -> None:
+    records, record, smi = _honest(tmp_path)
+    _rewrite(record, lambda r: r["settings"]["nccl"].__setitem__(field, forged))
+    done = _launch(tmp_path, records, smi)
+    assert done.returncode == 1
+    assert _error(done) == f"error: P2P record {record}: {refusal}; rerun builder doctor --p2p"
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        (lambda r: r.__setitem__("gpu_uuids", "GPU-0"), "gpu_uuids must list 1 to 64 GPU UUIDs"),
+        (lambda r: r.__setitem__("gpu_uuids", []), "gpu_uuids must list 1 to 64 GPU UUIDs"),
+        (
+            lambda r: r.__setitem__("gpu_uuids", ["GPU-0\x1b[2J"]),
+            "gpu_uuids must list 1 to 64 GPU UUIDs",
+        ),
+        (
+            lambda r: r.__setitem__("topology_sha256", "../../etc"),
+            "topology_sha256 must be 64 hex digits",
+        ),
+        (lambda r: r.__setitem__("written_at", ["2026"]), "written_at must be a string"),
+        (lambda r: r.pop("settings"), "settings missing"),
+        (
+            lambda r: r["settings"]["pcie_ar"].__setitem__("allowed", "yes"),
+            "settings.pcie_ar.allowed must be true or false",
+        ),
+    ],
+)
+def test_a_record_not_of_the_shape_doctor_writes_is_refused(
+    tmp_path: Path, change: Callable[[dict], object], refusal: str
+) -> None:
+    records, record, smi = _honest(tmp_path)
+    _rewrite(record, change)
+    done = _launch(tmp_path, records, smi, "--p2p-record", str(record))
+    assert done.returncode == 1
+    assert _error(done) == f"error: P2P record {record}: {refusal}; rerun builder doctor --p2p"
+
+
+# --- where a record is believed -------------------------------------------------------------
+
+
+def test_a_record_on_the_server_s_volume_is_not_believed(tmp_path: Path) -> None:
+    """The server's container writes its sglang cache volume: a record there that allows
+    -pcie-ar, where the honest record refuses it, is refused wherever it is read from."""
+    records, record, smi = _honest(tmp_path)
+    volume = tmp_path / "sglang-cache"  # _launch's --set sglang_cache
+    planted = volume / "builder-p2p"
+    planted.mkdir(parents=True)
+    forged = planted / record.name
+    shutil.copy(record, forged)
+    _rewrite(forged, _allow_pcie_ar)
+    refusal = (
+        f"error: P2P record folder {planted}: inside the volume {volume}:{VOLUME_IN_CONTAINER}, "
+        f"which the server's container writes: a record there is not believed; {MOVE_IT}"
+    )
+    through_the_setting = _launch(tmp_path, planted, smi, "--profile", PCIE_AR)
+    assert through_the_setting.returncode == 1 and _error(through_the_setting) == refusal
+    named = _launch(tmp_path, records, smi, "--profile", PCIE_AR, "--p2p-record", str(forged))
+    assert named.returncode == 1 and _error(named) == refusal
+    honest = _launch(tmp_path, records, smi, "--profile", PCIE_AR)
+    assert (
+        honest.returncode == 1
+        and "refuses it: collapsed pair: GPU2->GPU3 copies at 2.7" in _error(honest)
+    )
+
+
+def test_doctor_writes_no_record_into_the_server_s_volume(tmp_path: Path) -> None:
+    """The default profile mounts /var/lib/sglang/cache-sm120: doctor refuses to keep a
+    record there before it makes a folder."""
+    _, facts = _case("one-h200")
+    inside = Path("/var/lib/sglang/cache-sm120/builder-p2p")
+    existed = inside.parent.exists()
+    done = _builder(
+        "doctor", "--p2p", "--target", "sm120", "--probe-result",
+        str(DATA / "one-h200" / "probe.json"), smi=_fake_nvidia_smi(tmp_path / "smi", facts),
+        records=inside,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert _error(done) == (
+        f"error: P2P record folder {inside}: inside the volume /var/lib/sglang/cache-sm120:"
+        f"{VOLUME_IN_CONTAINER}, which the server's container writes: a record there is not "
+        f"believed; {MOVE_IT}"
+    )
+    assert inside.parent.exists() == existed
+
+
+def test_doctor_writes_no_record_launch_would_refuse_as_too_large(tmp_path: Path) -> None:
+    _, facts = _case("one-h200")
+    probe = json.loads((DATA / "one-h200" / "probe.json").read_text())
+    probe["padding"] = "x" * (1 << 20)
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(probe))
+    records = tmp_path / "records"
+    done = _builder(
+        "doctor", "--p2p", "--target", "sm120", "--probe-result", str(path),
+        smi=_fake_nvidia_smi(tmp_path / "smi", facts), records=records,
+    )  # fmt: skip
+    assert done.returncode == 1
+    machine = p2p_record.machine_from(facts.gpu_ids, facts.topology)
+    error = _error(done)
+    assert error.startswith(f"error: P2P record {records / machine.key}.json: ")
+    assert error.endswith(
+        " bytes, over the 1048576 launch reads: the probe's answer is not what builder's "
+        "probe writes"
+    )
+    assert not records.exists()
+
+
+@pytest.mark.parametrize("linked", ["the folder", "a folder above it"])
+def test_doctor_writes_through_no_linked_folder(tmp_path: Path, linked: str) -> None:
+    _, facts = _case("one-h200")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(elsewhere)
+    records = link if linked == "the folder" else link / "p2p"
+    done = _builder(
+        "doctor", "--p2p", "--target", "sm120", "--probe-result",
+        str(DATA / "one-h200" / "probe.json"), smi=_fake_nvidia_smi(tmp_path / "smi", facts),
+        records=records,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert _error(done) == (
+        f"error: P2P record folder {records}: {link} is a symbolic link: not followed; give "
+        "a real folder (BUILDER_P2P_DIR)"
+    )
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_doctor_replaces_a_link_at_the_record_s_name_and_writes_nothing_through_it(
+    tmp_path: Path,
+) -> None:
+    _, facts = _case("one-h200")
+    machine = p2p_record.machine_from(facts.gpu_ids, facts.topology)
+    records = tmp_path / "records"
+    records.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("kept\n")
+    (records / f"{machine.key}.json").symlink_to(victim)
+    done = _builder(
+        "doctor", "--p2p", "--target", "sm120", "--probe-result",
+        str(DATA / "one-h200" / "probe.json"), smi=_fake_nvidia_smi(tmp_path / "smi", facts),
+        records=records,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert victim.read_text() == "kept\n"
+    written = records / f"{machine.key}.json"
+    assert not written.is_symlink() and json.loads(written.read_text())["key"] == machine.key
+    assert sorted(p.name for p in records.iterdir()) == [written.name]  # no partial left
+
+
+# --- reading a record: never following, blocking, or reading without end --------------------
+
+
+def _plant(kind: str, at: Path, honest: Path) -> None:
+    at.unlink()
+    if kind == "a link to an allowing record":
+        allowing = at.parent.parent / "allowing.json"
+        shutil.copy(honest, allowing)
+        _rewrite(allowing, _allow_pcie_ar)
+        at.symlink_to(allowing)
+    elif kind == "a dangling link":
+        at.symlink_to(at.parent / "gone.json")
+    elif kind == "a FIFO":
+        os.mkfifo(at)
+    elif kind == "a file over 1 MiB":
+        at.write_bytes(b" " * (p2p_record.MAX_RECORD_BYTES + 1))
+    elif kind == "JSON nested 5000 deep":
+        at.write_text("[" * 5000 + "]" * 5000)
+    elif kind == "a record others can write":
+        shutil.copy(honest, at)
+        at.chmod(0o666)
+
+
+@pytest.mark.parametrize(
+    ("kind", "refusal"),
+    [
+        ("a link to an allowing record", "a symbolic link: not followed"),
+        ("a dangling link", "a symbolic link: not followed"),
+        ("a FIFO", "not a regular file"),
+        ("a file over 1 MiB", "larger than 1048576 bytes: not a record"),
+        ("JSON nested 5000 deep", "cannot read it (nested too deep)"),
+        ("a record others can write", "writable by group or others: not believed"),
+    ],
+)
+def test_a_hostile_file_at_the_record_s_name_is_refused_in_one_line(
+    tmp_path: Path, kind: str, refusal: str
+) -> None:
+    records, record, smi = _honest(tmp_path)
+    honest = tmp_path / "honest.json"
+    shutil.copy(record, honest)
+    _plant(kind, record, honest)
+    done = _launch(tmp_path, records, smi, "--profile", PCIE_AR)
+    assert done.returncode == 1
+    assert _error(done) == f"error: P2P record {record}: {refusal}"
+
+
+def test_a_device_named_as_the_record_is_not_read(tmp_path: Path) -> None:
+    done = _launch(tmp_path, tmp_path / "records", None, "--p2p-record", "/dev/zero")
+    assert done.returncode == 1
+    assert _error(done) == "error: P2P record /dev/zero: not a regular file"
+
+
+def test_a_record_folder_others_can_write_is_not_believed(tmp_path: Path) -> None:
+    records, _, smi = _honest(tmp_path)
+    records.chmod(0o777)
+    done = _launch(tmp_path, records, smi, "--profile", PCIE_AR)
+    assert done.returncode == 1
+    assert _error(done) == (
+        f"error: P2P record folder {records}: writable by group or others: a record there is "
+        "not believed"
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_record_another_user_owns_is_not_believed(tmp_path: Path) -> None:
+    records, record, smi = _honest(tmp_path)
+    os.chown(record, 12345, 12345)
+    done = _launch(tmp_path, records, smi, "--profile", PCIE_AR)
+    assert done.returncode == 1
+    assert _error(done) == (
+        f"error: P2P record {record}: owned by uid 12345, not root or this user: not believed"
+    )
+
+
+def test_a_record_s_words_reach_the_terminal_escaped(tmp_path: Path) -> None:
+    records, record, smi = _honest(tmp_path)
+    _rewrite(record, lambda r: r.__setitem__("written_at", "2026-12-07\x1b[2J\x1b]0;owned\x07"))
+    _rewrite(record, lambda r: r["settings"]["pcie_ar"].__setitem__("why", "no\u202epeer"))
+    done = _launch(tmp_path, records, smi)
+    assert done.returncode == 0, done.stderr
+    assert f"P2P record {record} (2026-12-07\\x1b[2J\\x1b]0;owned\\x07): " in done.stderr
+    refused = _launch(tmp_path, records, smi, "--profile", PCIE_AR)
+    assert "refuses it: no\\u202epeer; launch a profile without it" in _error(refused)
+    assert "\x1b" not in done.stderr + refused.stderr and "\u202e" not in refused.stderr
