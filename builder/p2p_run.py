@@ -22,6 +22,7 @@ from builder import probes
 PROBE_IN_CONTAINER = "/opt/builder-probe/p2p_probe.py"
 STAGES = 5  # gpus, pairs, nccl, nccl with P2P off, pcie ipc: each under --stage-timeout
 START_S = 300.0  # the container's start and the probe's imports, on top of the stages
+MAX_DOCUMENT_CHARS = 1 << 20  # eight GPUs' document is about 20 KB; a record holds it
 
 
 def probe_file() -> Path:
@@ -107,10 +108,12 @@ def run(
         finally:
             reader.join(timeout=5)
         stdout.seek(0)
-        text = stdout.read()
+        text = stdout.read(MAX_DOCUMENT_CHARS + 1)
+    if len(text) > MAX_DOCUMENT_CHARS:
+        return _no_document(f"the probe's answer is over {MAX_DOCUMENT_CHARS} characters")
     try:
         document = json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         said = tail[-1] if tail else "nothing on stderr"
         return _no_document(f"the probe exited {code} without a JSON document: {said[:300]}")
     if not isinstance(document, dict):

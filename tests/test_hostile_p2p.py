@@ -14,12 +14,13 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from builder import p2p_record
+from builder import p2p_record, p2p_run
 from tests.test_p2p import DATA, _builder, _case, _doctor, _fake_nvidia_smi, _launch
 
 PCIE_AR = "glm5-nvfp4-tp8-pcie-ar"
@@ -327,3 +328,86 @@ def test_a_record_s_words_reach_the_terminal_escaped(tmp_path: Path) -> None:
     refused = _launch(tmp_path, records, smi, "--profile", PCIE_AR)
     assert "refuses it: no\\u202epeer; launch a profile without it" in _error(refused)
     assert "\x1b" not in done.stderr + refused.stderr and "\u202e" not in refused.stderr
+
+
+# --- the probe's answer: shown escaped, judged only for this machine's GPUs -----------------
+
+
+def test_the_probe_s_words_reach_doctor_s_lines_escaped(tmp_path: Path) -> None:
+    _, facts = _case("one-h200")
+    probe = json.loads((DATA / "one-h200" / "probe.json").read_text())
+    probe["gpus"][0]["name"] = "NVIDIA H200\x1b[2J"
+    probe["torch"] = "2.11\u202e0"
+    probe["all_reduce"]["nccl"]["status"] = "failed"
+    probe["all_reduce"]["nccl"]["detail"] = "rank 0: \x1b]8;;http://x\x07NCCL error"
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(probe))
+    done = _builder(
+        "doctor", "--p2p", "--target", "sm120", "--probe-result", str(path),
+        smi=_fake_nvidia_smi(tmp_path / "smi", facts), records=tmp_path / "records",
+    )  # fmt: skip
+    lines = done.stdout.splitlines()
+    assert lines[0] == "ok   probe: 1 GPU(s) (NVIDIA H200\\x1b[2J), torch 2.11\\u202e0, NCCL 2.27.7"
+    assert (
+        "FAIL nccl all-reduce: failed at world 1: rank 0: \\x1b]8;;http://x\\x07NCCL error" in lines
+    )
+    assert "\x1b" not in done.stdout and "\u202e" not in done.stdout
+
+
+@pytest.mark.parametrize("machine", ["another machine's", "the same GPUs in another order"])
+def test_a_probe_of_other_gpus_writes_no_record(tmp_path: Path, machine: str) -> None:
+    """Operator review #55: the healthy 8-GPU probe, judged here, would allow -pcie-ar under
+    this machine's key where plain doctor refuses peer access."""
+    probe = json.loads((DATA / "healthy-8x-rtx-pro-6000" / "probe.json").read_text())
+    if machine == "another machine's":
+        _, facts = _case("one-h200")
+        host = ["GPU-d7ecf5df-936a-51e4-8fc8-f8948103aa7b"]
+    else:
+        _, facts = _case("healthy-8x-rtx-pro-6000")
+        rows = [line.split(", ") for line in facts.gpu_ids.splitlines()]
+        rows[0][1], rows[1][1] = rows[1][1], rows[0][1]
+        facts = type(facts)(
+            gpu_ids="".join(", ".join(r) + "\n" for r in rows), topology=facts.topology
+        )
+        host = [rows[0][1]]
+    records = tmp_path / "records"
+    done = _builder(
+        "doctor", "--p2p", "--target", "sm120", "--probe-result",
+        str(DATA / "healthy-8x-rtx-pro-6000" / "probe.json"),
+        smi=_fake_nvidia_smi(tmp_path / "smi", facts), records=records,
+    )  # fmt: skip
+    assert done.returncode == 1 and done.stdout == ""
+    count = len(facts.gpu_ids.splitlines())
+    assert _error(done) == (
+        f"error: the probe's GPUs are not this machine's: the probe saw 8 GPU(s) in another "
+        f"order than nvidia-smi's {count} (first: {[probe['gpus'][0]['uuid']]} against "
+        f"{host}); no P2P record written; unset CUDA_VISIBLE_DEVICES, and give the container "
+        "every GPU (--gpus all)"
+    )
+    assert not records.exists()
+
+
+@pytest.mark.parametrize(
+    ("prints", "reason"),
+    [
+        ("'[' * 5000", "the probe exited 0 without a JSON document: nothing on stderr"),
+        ("' ' * (1 << 20) + '{}'", "the probe's answer is over 1048576 characters"),
+    ],
+)
+def test_a_probe_answer_nested_too_deep_or_too_long_is_no_document(
+    prints: str, reason: str
+) -> None:
+    """A real child process stands in for the probe: what it prints is all that matters."""
+    document = p2p_run.run([sys.executable, "-c", f"print({prints})"], 60)
+    assert document == {"probe": "builder-p2p", "cuda": False, "error": reason}
+
+
+def test_a_probe_result_nested_too_deep_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "p2p.json"
+    path.write_text("[" * 5000)
+    done = _builder(
+        "doctor", "--p2p", "--target", "sm120", "--probe-result", str(path), smi=None,
+        records=tmp_path / "records",
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert _error(done) == f"error: --probe-result {path}: cannot read it (nested too deep)"

@@ -1,6 +1,8 @@
 """`builder doctor --p2p`: measure the GPUs' peer-to-peer fabric before any model loads (the
 probe in the server image), judge it with the host's facts, and keep the record that
-`builder launch` applies on this machine (builder/p2p_record.py: where, and why there)."""
+`builder launch` applies on this machine (builder/p2p_record.py: where, and why there).
+What the probe says (GPU names, versions, its stages' errors) is shown with its control
+characters escaped: it comes from the image's python3, or a file."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from builder.commands.common import print_json
 from builder.errors import BuilderError
 from builder.lazy import lazy_module
 from builder.settings import resolve_data_dir
+from builder.untrusted import printable
 
 docker_client = lazy_module("builder.docker_client")
 launch = lazy_module("builder.launch")
@@ -25,6 +28,8 @@ p2p_run = lazy_module("builder.p2p_run")
 progress = lazy_module("builder.progress")
 validate = lazy_module("builder.validate")
 docker = lazy_module("docker")
+
+SHOWN = 1000  # characters of a check's line: the probe's strings in it are cut with the rest
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -43,6 +48,8 @@ def _probe_result(path: str) -> dict:
         document = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BuilderError(f"--probe-result {path}: cannot read it ({exc})") from None
+    except RecursionError:
+        raise BuilderError(f"--probe-result {path}: cannot read it (nested too deep)") from None
     if not isinstance(document, dict) or document.get("probe") != "builder-p2p":
         raise BuilderError(f"--probe-result {path}: not a p2p_probe document")
     return document
@@ -72,7 +79,7 @@ def _probe_in_image(args: argparse.Namespace, image: str, nccl_env: dict[str, st
     progress.info(escape(f"P2P probe in {image} (at most {deadline / 60:.0f} min)"))
     return p2p_run.run(
         p2p_run.container_command(image, args_, name), deadline, container=name,
-        on_line=lambda line: progress.info(escape(line)),
+        on_line=lambda line: progress.info(escape(printable(line, 400))),
     )  # fmt: skip
 
 
@@ -92,6 +99,7 @@ def run(args: argparse.Namespace, recipe, tp: int) -> None:
         if not isinstance(probe, dict):
             raise TypeError("not a JSON object")
         analysis = p2p.analyse(probe, facts, recipe.env, tp)
+        _refuse_other_gpus(analysis)
         record, note = _record(probe, facts, analysis, image, recipe)
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
         raise BuilderError(
@@ -112,15 +120,27 @@ def run(args: argparse.Namespace, recipe, tp: int) -> None:
         print_json(result, ok=analysis.ok)
     else:
         for check in analysis.checks:
-            print(f"{check.status:<4} {check.name}: {check.detail}")
+            print(f"{check.status:<4} {check.name}: {printable(check.detail, SHOWN)}")
             if check.fix and (not check.ok or args.verbose):
                 print(f"     fix: {check.fix}")
         for cause in analysis.causes:
-            print(f"cause: {cause}")
-        print(f"verdict: {analysis.verdict}")
+            print(f"cause: {printable(cause, SHOWN)}")
+        print(f"verdict: {printable(analysis.verdict, SHOWN)}")
         print(f"record: {record} ({note})" if record else f"record: {note}")
     if not analysis.ok:
         raise SystemExit(1)
+
+
+def _refuse_other_gpus(analysis) -> None:
+    """A probe that saw other GPUs than this machine's, or in another order, judged the wrong
+    fabric: its verdict would be filed under this machine's key and let launch start what
+    plain doctor refuses (operator review #55). Nothing is written."""
+    for check in analysis.checks:
+        if check.name == "gpu order" and not check.ok:
+            raise BuilderError(
+                f"the probe's GPUs are not this machine's: {printable(check.detail, SHOWN)}; "
+                f"no P2P record written; {check.fix}"
+            )
 
 
 def _record(probe, facts, analysis, image: str | None, recipe):
