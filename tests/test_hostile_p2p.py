@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import p2p_record, p2p_run
-from tests.test_p2p import DATA, _builder, _case, _doctor, _fake_nvidia_smi, _launch
+from builder import doctor, p2p_record, p2p_run
+from tests.conftest import REPO_ROOT
+from tests.test_p2p import DATA, _builder, _case, _doctor, _fake_nvidia_smi, _launch, _manifest
 
 PCIE_AR = "glm5-nvfp4-tp8-pcie-ar"
 VOLUME_IN_CONTAINER = "/root/.cache/sglang"  # where the profiles mount sglang_cache
@@ -411,3 +412,100 @@ def test_a_probe_result_nested_too_deep_is_one_line(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 1
     assert _error(done) == f"error: --probe-result {path}: cannot read it (nested too deep)"
+
+
+# --- docker's own words, and the NVIDIA runtime first ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("stderr", "said"),
+    [
+        (  # #55: what docker run printed on a VM without the NVIDIA runtime (docker 28)
+            'docker: Error response from daemon: could not select device driver "" with '
+            "capabilities: [[gpu]]\n\nRun 'docker run --help' for more information\n",
+            'docker: Error response from daemon: could not select device driver "" with '
+            "capabilities: [[gpu]]",
+        ),
+        (  # a pull first, then the error, then the older hint
+            "Unable to find image 'sglang-sm120:x' locally\nx: Pulling from sglang-sm120\n"
+            "docker: Error response from daemon: manifest unknown.\nSee 'docker run --help'.\n",
+            "docker: Error response from daemon: manifest unknown.",
+        ),
+        (  # no docker line (the image's python3 failed): its last lines
+            'Traceback (most recent call last):\n  File "/opt/p.py", line 1\n'
+            "ModuleNotFoundError: No module named 'torch'\n",
+            'Traceback (most recent call last): | File "/opt/p.py", line 1 | '
+            "ModuleNotFoundError: No module named 'torch'",
+        ),
+        (  # a cause without docker's prefix: the lines above the hint, never the hint
+            "Unable to find image 'x:1' locally\npull access denied for x\n\n"
+            "Run 'docker run --help' for more information\n",
+            "Unable to find image 'x:1' locally | pull access denied for x",
+        ),
+        ("docker: \x1b[2Jcleared\n", "docker: \\x1b[2Jcleared"),
+    ],
+)
+def test_a_failed_docker_run_says_its_error_not_its_help_hint(stderr: str, said: str) -> None:
+    assert doctor.docker_failure(stderr) == said
+
+
+@pytest.mark.skipif(not shutil.which("docker"), reason="the docker CLI is not installed")
+def test_the_probe_s_failed_docker_run_is_named_by_docker_s_error(tmp_path, monkeypatch) -> None:
+    """The real docker CLI with no daemon behind DOCKER_HOST prints its error, a blank line
+    and its help hint: the reason is the error."""
+    socket = tmp_path / "no-docker.sock"
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{socket}")
+    command = p2p_run.container_command("sglang-sm120:test", [], "builder-p2p-probe-test")
+    document = p2p_run.run(command, 60)
+    assert document["cuda"] is False
+    assert document["error"] == (
+        f"the probe exited 125 without a JSON document: docker: Cannot connect to the Docker "
+        f"daemon at unix://{socket}. Is the docker daemon running?"
+    )
+
+
+def _no_nvidia_toolkit_path() -> str:
+    return os.pathsep.join(
+        d for d in os.environ.get("PATH", "").split(os.pathsep)
+        if d and not any((Path(d) / tool).exists() for tool in
+                         ("nvidia-smi", "nvidia-ctk", "nvidia-container-runtime-hook"))
+    )  # fmt: skip
+
+
+def test_doctor_p2p_and_launch_run_name_the_missing_nvidia_runtime_first(
+    tmp_path: Path, docker_host: str
+) -> None:
+    """The tests' engine has runc only: before the image is looked up (doctor --p2p) or a
+    container made (launch --run), one line names the runtime and its fix, as plain doctor
+    does; docker's own error would name a device driver."""
+    env = {**os.environ, "DOCKER_HOST": docker_host, "PATH": _no_nvidia_toolkit_path(),
+           "BUILDER_CONFIG": "/nonexistent", p2p_record.DIR_ENV: str(tmp_path / "records")}  # fmt: skip
+
+    def builder(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "builder.cli", *args], capture_output=True, text=True,
+            env=env, cwd=REPO_ROOT, timeout=300,
+        )  # fmt: skip
+
+    said = "error: container runtime: no NVIDIA runtime for --gpus all (Docker runtimes: "
+    fix = (
+        "); install nvidia-container-toolkit, then `nvidia-ctk runtime configure "
+        "--runtime=docker` and restart docker (needed for --gpus all)"
+    )
+    # Said before the image is looked up, or pulled for its recipe.
+    probe = builder("doctor", "--p2p", "--target", "sm120", "--image", "builder-absent:none")
+    assert probe.returncode == 1 and "pull" not in probe.stderr
+    assert _error(probe).startswith(said) and _error(probe).endswith(fix)
+    name = f"builder-runtime-check-{os.getpid()}"
+    start = builder(
+        "launch", "--target", "sm120", "--manifest", str(_manifest(tmp_path)), "--run",
+        "--name", name, "--set", f"sglang_cache={tmp_path / 'sglang-cache'}",
+        "--hf-cache", str(tmp_path / "hf"),
+    )  # fmt: skip
+    assert start.returncode == 1
+    assert _error(start).startswith(said) and _error(start).endswith(fix)
+    listed = subprocess.run(
+        ["docker", "-H", docker_host, "ps", "-a", "--filter", f"name={name}", "-q"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert listed.stdout == ""

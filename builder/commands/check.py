@@ -79,6 +79,8 @@ def cmd_doctor(args: argparse.Namespace) -> None:
     verdict line; exit 1 when one failed, 9 when one could not be checked and none failed."""
     findings: list = []
     facts = None  # (cuda version, compute capability, tp size, profile) from the recipe
+    if args.p2p:
+        doctor_p2p.before_the_recipe(args)
     if args.image:
         validate.image_reference("--image", args.image)
         # On a VM: everything from the image's recipe, no checkout needed.
@@ -268,7 +270,8 @@ def register(sub) -> None:
         "order and topology, outside every folder the server's container writes; builder "
         "launch on this machine applies it. A probe whose GPUs are not this machine's "
         "writes none. Each check says ok, FAIL or SKIP (what one GPU cannot measure); exit "
-        "code 1 if one fails, 9 if the Docker daemon does not answer.\n\n"
+        "code 1 if one fails or the NVIDIA container runtime is missing, 9 if the Docker "
+        "daemon does not answer.\n\n"
         "examples:\n"
         "  builder doctor --target sm120 --image $IMAGE --profile glm5-nvfp4-tp8-pcie-ar\n"
         "  builder doctor --container sglang-glm5      # what the running server compiled\n"

@@ -18,6 +18,7 @@ from builder.lazy import lazy_module
 from builder.settings import resolve_data_dir
 from builder.untrusted import printable
 
+doctor = lazy_module("builder.doctor")
 docker_client = lazy_module("builder.docker_client")
 launch = lazy_module("builder.launch")
 manifest = lazy_module("builder.manifest")
@@ -30,6 +31,16 @@ validate = lazy_module("builder.validate")
 docker = lazy_module("docker")
 
 SHOWN = 1000  # characters of a check's line: the probe's strings in it are cut with the rest
+
+
+def before_the_recipe(args: argparse.Namespace) -> None:
+    """What `doctor --p2p` checks before the profile is resolved (with --image, the image
+    may be pulled for its recipe): bad input, and, where the probe will run here, the NVIDIA
+    container runtime, as plain `doctor` checks it (docker's own error names a device
+    driver, not the runtime)."""
+    check_options(args)
+    if not args.probe_result:
+        doctor.require_gpu_runtime(docker_client.connect().info())  # no daemon: exit 9
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -84,8 +95,8 @@ def _probe_in_image(args: argparse.Namespace, image: str, nccl_env: dict[str, st
 
 
 def run(args: argparse.Namespace, recipe, tp: int) -> None:
-    """`recipe`: the profile resolved as doctor resolves it (its env, its volumes)."""
-    check_options(args)
+    """`recipe`: the profile resolved as doctor resolves it (its env, its volumes), after
+    `before_the_recipe`."""
     nccl_env = {k: v for k, v in recipe.env.items() if k.startswith("NCCL_")}
     facts = p2p_host.collect()
     image = None
