@@ -10,18 +10,23 @@ tests/conftest.py)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+import tarfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from builder import doctor, p2p_record, p2p_run
+from builder import docker_client, doctor, p2p_record, p2p_run, runtime_jit
+from builder.errors import BuilderError
+from builder.kernels import packs
 from tests.conftest import REPO_ROOT
+from tests.test_harvest import NORM_CALL, _workspace
 from tests.test_p2p import DATA, _builder, _case, _doctor, _fake_nvidia_smi, _launch, _manifest
 
 PCIE_AR = "glm5-nvfp4-tp8-pcie-ar"
@@ -509,3 +514,93 @@ def test_doctor_p2p_and_launch_run_name_the_missing_nvidia_runtime_first(
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert listed.stdout == ""
+
+
+# --- what a server's container hands back, and an image's files -----------------------------
+
+
+def test_a_journal_line_too_long_or_nested_too_deep_is_skipped_in_one_warning(
+    tmp_path: Path, capsys
+) -> None:
+    """A server writes the JIT journal: a line nested 5000 deep made json raise
+    RecursionError and harvest crash; a record padded past 8 KiB is no record doctor's
+    image writes."""
+    journal = "\n".join([
+        "[" * 5000,
+        json.dumps({"name": "padded", "generator": NORM_CALL, "pad": "x" * 9000}),
+        json.dumps({"name": "norm", "generator": NORM_CALL}),
+    ])  # fmt: skip
+    _workspace(tmp_path / "ws", journal)
+    _, pack = packs.harvest_workspace(tmp_path / "ws", tmp_path / "packs")
+    assert packs.pack_record(pack)["modules"] == {"norm": NORM_CALL}
+    journal_path = next((tmp_path / "ws").rglob(packs.JOURNAL))
+    (warning,) = capsys.readouterr().err.splitlines()
+    assert warning.endswith(
+        f"{journal_path}: 2 line(s) over 8192 characters or nested too deep: not journal "
+        "records (skipped)"
+    )
+
+
+def test_kernel_names_a_server_s_container_chose_are_shown_escaped() -> None:
+    compiled = runtime_jit.RuntimeCompiles({"triton": ["k\x1b[2J"], "deep_gemm": []})
+    assert compiled.summary().endswith("(k\\x1b[2J)")
+    unread = runtime_jit.RuntimeCompiles(None, "python3 in the container: \x1b]0;x\x07")
+    assert unread.summary().endswith("(python3 in the container: \\x1b]0;x\\x07)")
+
+
+def _tar_of(add: Callable[[tarfile.TarFile], None]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        add(tar)
+    return buffer.getvalue()
+
+
+def _file(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _chunks(data: bytes, taken: list[int], size: int = 64 << 10) -> Iterator[bytes]:
+    for start in range(0, len(data), size):
+        taken.append(size)
+        yield data[start : start + size]
+
+
+def test_an_image_file_over_its_limit_is_not_held(tmp_path: Path) -> None:
+    """A `get_archive` stream of a 16 MiB file with a 1 KiB limit: refused having read about
+    the limit and the tar's slack, not the whole stream."""
+    archive = _tar_of(lambda tar: _file(tar, "recipe.json", b"x" * (16 << 20)))
+    taken: list[int] = []
+    with pytest.raises(BuilderError) as refused:
+        docker_client.file_from_archive(_chunks(archive, taken), "img: /recipe.json", 1024)
+    assert str(refused.value) == "img: /recipe.json: larger than 1024 bytes: not read"
+    assert sum(taken) <= 1024 + (1 << 20) + (64 << 10)
+
+
+@pytest.mark.parametrize("kind", ["a folder (its whole tree)", "a symbolic link", "two files"])
+def test_an_image_path_that_is_not_one_regular_file_is_not_read(kind: str) -> None:
+    def add(tar: tarfile.TarFile) -> None:
+        if kind == "a folder (its whole tree)":
+            folder = tarfile.TarInfo("journal")
+            folder.type = tarfile.DIRTYPE
+            tar.addfile(folder)
+            _file(tar, "journal/a", b"{}")
+        elif kind == "a symbolic link":
+            link = tarfile.TarInfo("journal")
+            link.type, link.linkname = tarfile.SYMTYPE, "/etc/shadow"
+            tar.addfile(link)
+        else:
+            _file(tar, "journal", b"{}")
+            _file(tar, "other", b"{}")
+
+    taken: list[int] = []
+    with pytest.raises(BuilderError) as refused:
+        docker_client.file_from_archive(_chunks(_tar_of(add), taken), "c: journal", 1 << 20)
+    assert str(refused.value) == "c: journal: not a regular file: not read"
+
+
+def test_one_regular_file_within_its_limit_is_read() -> None:
+    archive = _tar_of(lambda tar: _file(tar, "recipe.json", b'{"ok": 1}'))
+    taken: list[int] = []
+    assert docker_client.file_from_archive(_chunks(archive, taken), "i", 1024) == b'{"ok": 1}'
