@@ -11,7 +11,8 @@ kernel wheel too, for the PCIe IPC all-reduce; without it that stage is skipped)
 2. this host's facts (builder/p2p_host.py: lspci, IOMMU, VM, nvidia-smi): host.json;
 3. the analysis (builder/p2p.py): analysis.json, and every check printed as doctor prints it;
 4. the record, written as doctor writes it, keyed by this machine's nvidia-smi, into
-   OUT/sglang-cache/builder-p2p/<key>.json (the profile's sglang_cache set to OUT/sglang-cache);
+   OUT/p2p/<key>.json (BUILDER_P2P_DIR set to OUT/p2p; the profile's sglang_cache to
+   OUT/sglang-cache, outside it);
 5. read back through launch's path (builder/p2p_record.apply on the profile builder/launch.py
    resolves, which serve.py's recipe_from_args calls) for --profile and its -pcie-ar
    sibling, and through `builder launch --json` itself where builder's CLI can import
@@ -101,6 +102,7 @@ def main() -> None:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     cache = out / "sglang-cache"
+    os.environ[p2p_record.DIR_ENV] = str(out / "p2p")  # for the launches below too
     target = load_target(REPO, args.target)
     known = launch.Profiles.of(target.file)
     recipe = launch.resolve(
@@ -146,9 +148,10 @@ def main() -> None:
     elif not isinstance(machine, p2p_record.Machine):
         summary["record"] = f"not written: {machine}"
     else:
-        path = p2p_record.record_path(cache, machine)
-        topology = facts.topology
-        p2p_record.write(path, machine, topology, probe, facts, analysis, None, args.profile)
+        path = p2p_record.write(
+            p2p_record.record_dir(), machine, facts.topology, probe, facts, analysis, None,
+            args.profile, recipe.volumes,
+        )  # fmt: skip
         summary["record"] = str(path)
         print(f"record: {path}")
 

@@ -15,7 +15,7 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 
@@ -181,3 +181,70 @@ def read_limited(path: Path, limit: int) -> bytes:
     if len(data) > limit:
         raise ValueError(f"is larger than {limit} bytes")
     return data
+
+
+class LinkedFolder(ValueError):
+    """A component of a folder's path is a symbolic link or not a folder."""
+
+
+def open_folder_unlinked(folder: Path, create: bool = False, mode: int = 0o755) -> int:
+    """A descriptor of `folder` reached from / one component at a time, none of them followed
+    if it is a symbolic link (so a link planted anywhere on the path cannot send a write or a
+    read elsewhere); with `create`, missing components are made with `mode`. LinkedFolder
+    names the component at fault; FileNotFoundError when one is missing and not `create`."""
+    reached = Path("/")
+    descriptor = os.open(reached, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in Path(os.path.abspath(folder)).parts[1:]:
+            reached = reached / part
+            inner = _open_component(descriptor, part, reached, create, mode)
+            os.close(descriptor)
+            descriptor = inner
+        return descriptor
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def _open_component(parent: int, part: str, reached: Path, create: bool, mode: int) -> int:
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        return os.open(part, flags, dir_fd=parent)
+    except FileNotFoundError:
+        if not create:
+            raise
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # Linux says ENOTDIR for a link too
+            linked = stat.S_ISLNK(os.stat(part, dir_fd=parent, follow_symlinks=False).st_mode)
+            what = "a symbolic link" if linked else "not a folder"
+            raise LinkedFolder(f"{reached} is {what}") from None
+        raise
+    try:
+        os.mkdir(part, mode, dir_fd=parent)
+    except FileExistsError:  # another writer made it meanwhile: opened as found
+        return _open_component(parent, part, reached, False, mode)
+    made = os.open(part, flags, dir_fd=parent)
+    os.fchmod(made, mode)  # whatever the umask
+    return made
+
+
+def replace_in_folder(folder: int, name: str, text: str, mode: int = 0o644) -> None:
+    """`name` in the folder open as `folder` holding `text`, written to a temporary name
+    beside it and renamed over it (a link of that name is replaced, never followed), with
+    the bytes on disk before the name is."""
+    partial = f".{name}.{os.getpid()}.partial"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    with suppress(FileNotFoundError):  # left by a writer of this pid that died
+        os.unlink(partial, dir_fd=folder)
+    descriptor = os.open(partial, flags, 0o600, dir_fd=folder)
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fchmod(handle.fileno(), mode)
+            os.fsync(handle.fileno())
+        os.replace(partial, name, src_dir_fd=folder, dst_dir_fd=folder)
+        os.fsync(folder)
+    finally:
+        with suppress(FileNotFoundError):
+            os.unlink(partial, dir_fd=folder)

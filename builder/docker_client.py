@@ -5,12 +5,13 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+from collections.abc import Iterable
 from datetime import datetime
 
 import docker
 from docker.errors import DockerException
 
-from builder.errors import Unreachable
+from builder.errors import BuilderError, Unreachable
 
 _PING_SECONDS = 10
 _CALL_SECONDS = 600  # a build step or a push can be slow; answering a ping is not
@@ -63,12 +64,40 @@ def started_at(container) -> datetime:
     return timestamp(container.attrs["State"].get("StartedAt", ""))
 
 
-def read_file_from_image(client: docker.DockerClient, reference: str, path: str) -> bytes:
-    """One file of an image, read from a created (never started) container."""
+IMAGE_FILE_LIMIT = 64 << 20  # an image's recipe, SBOM, pip report: kilobytes to a few MB
+_ARCHIVE_SLACK = 1 << 20  # a tar's own headers and padding around its one file
+
+
+def read_file_from_image(
+    client: docker.DockerClient, reference: str, path: str, limit: int = IMAGE_FILE_LIMIT
+) -> bytes:
+    """One regular file of an image, at most `limit` bytes, read from a created (never
+    started) container; a larger one, a folder or a link is a one-line BuilderError."""
     container = client.containers.create(reference, entrypoint=["true"])
     try:
         stream, _ = container.get_archive(path)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
-            return archive.extractfile(archive.getmembers()[0]).read()
+        return file_from_archive(stream, f"{reference}: {path}", limit)
     finally:
         container.remove(force=True)
+
+
+def file_from_archive(chunks: Iterable[bytes], what: str, limit: int) -> bytes:
+    """The one regular file of a `get_archive` stream, holding no more than `limit` bytes
+    and the tar's headers in memory: whoever made the image or runs the container chose
+    what is at that path (a folder would bring its whole tree). A larger file, a folder or
+    a link is a one-line BuilderError naming `what`."""
+    archive = bytearray()
+    for chunk in chunks:
+        archive += chunk
+        if len(archive) > limit + _ARCHIVE_SLACK:
+            raise BuilderError(f"{what}: larger than {limit} bytes: not read")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(bytes(archive))) as tar:
+            members = tar.getmembers()
+            if len(members) != 1 or not members[0].isfile():
+                raise BuilderError(f"{what}: not a regular file: not read")
+            if members[0].size > limit:
+                raise BuilderError(f"{what}: larger than {limit} bytes: not read")
+            return tar.extractfile(members[0]).read()
+    except tarfile.TarError as exc:
+        raise BuilderError(f"{what}: not a readable archive ({exc})") from None

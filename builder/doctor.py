@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
+from builder.errors import BuilderError
+from builder.untrusted import printable
+
 GPU_QUERY = [
     "nvidia-smi",
     "--query-gpu=index,name,compute_cap,memory.total,driver_version",
@@ -241,6 +244,31 @@ def check_runtime(docker_info: dict | None, why: str = "Docker engine not reacha
         else "install nvidia-container-toolkit, then `nvidia-ctk runtime configure "
         "--runtime=docker` and restart docker (needed for --gpus all)",
     )
+
+
+def require_gpu_runtime(docker_info: dict) -> None:
+    """Before a `docker run --gpus all`: the NVIDIA container runtime as `check_runtime` sees
+    it, or one line with its fix (docker's own error names a device driver, not the cause)."""
+    finding = check_runtime(docker_info)
+    if not finding.ok:
+        raise BuilderError(
+            f"container runtime: no NVIDIA runtime for --gpus all ({finding.detail}); {finding.fix}"
+        )
+
+
+# What docker prints under its error: "Run 'docker run --help' for more information" (as
+# of docker 25), "See 'docker run --help'." (before).
+_DOCKER_HELP_HINT = re.compile(r"(Run|See) '[^']*--help'( for more information)?\.?")
+
+
+def docker_failure(stderr: str, last: int = 3) -> str:
+    """Why a `docker run` (or another docker command) failed, from its stderr: its `docker:`
+    and `Error` lines, else its last few lines; never only the `Run 'docker run --help'`
+    hint docker prints under the cause. Outside text: control characters escaped."""
+    lines = [line.strip() for line in stderr.splitlines()]
+    said = [line for line in lines if line and not _DOCKER_HELP_HINT.fullmatch(line)]
+    errors = [line for line in said if line.startswith(("docker:", "Error"))]
+    return printable(" | ".join(errors or said[-last:]) or "no message", 600)
 
 
 def check_image(reference: str, present: bool) -> Finding:

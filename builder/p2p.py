@@ -35,6 +35,11 @@ COLLAPSE_SHARE = 0.25  # of the median over every direction of every pair
 COLLAPSE_FLOOR_GBPS = 5.0  # PCIe Gen 3 x8 moves about 6 GB/s; RTX PRO 6000 (Gen 5) 25-50
 P2P_DISABLE = "NCCL_P2P_DISABLE"
 P2P_LEVEL = "NCCL_P2P_LEVEL"
+# Every NCCL setting `_settings` can choose, and so all that launch applies from a record
+# (builder/p2p_record.py refuses a record that sets or drops anything else): P2P off, and
+# the profile's P2P level dropped with it.
+NCCL_SETS = {P2P_DISABLE: ("1",)}
+NCCL_UNSETS = (P2P_LEVEL,)
 OK, FAIL, SKIP = "ok", "FAIL", "SKIP"
 
 PEX_CAUSE = (

@@ -17,11 +17,13 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from builder import probes
+from builder import doctor, probes
 
 PROBE_IN_CONTAINER = "/opt/builder-probe/p2p_probe.py"
 STAGES = 5  # gpus, pairs, nccl, nccl with P2P off, pcie ipc: each under --stage-timeout
 START_S = 300.0  # the container's start and the probe's imports, on top of the stages
+MAX_DOCUMENT_CHARS = 1 << 20  # eight GPUs' document is about 20 KB; a record holds it
+TAIL_LINES = 20  # of stderr, kept for the reason: docker's error sits above its help hint
 
 
 def probe_file() -> Path:
@@ -77,8 +79,9 @@ def run(
     on_line: Callable[[str], None] | None = None,
 ) -> dict:  # fmt: skip
     """The probe's document. Its stderr (progress, or docker's own error) goes to `on_line`
-    as it comes, and its last line into the reason when no document comes back."""
-    tail: deque[str] = deque(maxlen=5)
+    as it comes, and what it ended with (docker's error lines, or its last lines) into the
+    reason when no document comes back."""
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
 
     def pump(stream) -> None:
         for line in stream:
@@ -107,12 +110,14 @@ def run(
         finally:
             reader.join(timeout=5)
         stdout.seek(0)
-        text = stdout.read()
+        text = stdout.read(MAX_DOCUMENT_CHARS + 1)
+    if len(text) > MAX_DOCUMENT_CHARS:
+        return _no_document(f"the probe's answer is over {MAX_DOCUMENT_CHARS} characters")
     try:
         document = json.loads(text)
-    except json.JSONDecodeError:
-        said = tail[-1] if tail else "nothing on stderr"
-        return _no_document(f"the probe exited {code} without a JSON document: {said[:300]}")
+    except (json.JSONDecodeError, RecursionError):
+        said = doctor.docker_failure("\n".join(tail)) if tail else "nothing on stderr"
+        return _no_document(f"the probe exited {code} without a JSON document: {said}")
     if not isinstance(document, dict):
         return _no_document("the probe's answer is not a JSON object")
     return document

@@ -23,6 +23,7 @@ from pathlib import PurePosixPath
 from docker.errors import APIError
 
 from builder import docker_client
+from builder.untrusted import printable
 
 # Name as reports print it -> where its files live, read from the container's environment.
 CACHES = {"DeepGEMM": "deep_gemm", "sglang JIT": "sglang_jit", "Triton": "triton"}
@@ -100,12 +101,16 @@ class RuntimeCompiles:
 
     def summary(self) -> str:
         if self.by_cache is None:
-            return f"other JIT kernels compiled at start-up: not read ({self.why_unread})"
+            return (
+                f"other JIT kernels compiled at start-up: not read ({printable(self.why_unread)})"
+            )
         counts = ", ".join(
             f"{label} {len(self.by_cache.get(cache, []))}" for label, cache in CACHES.items()
         )
         names = sorted({n for found in self.by_cache.values() for n in found})
-        tail = f" ({', '.join(names[:8])}{', ...' if len(names) > 8 else ''})" if names else ""
+        # The container's file names: what it chose to call them, shown escaped.
+        shown = printable(", ".join(names[:8]), 600)
+        tail = f" ({shown}{', ...' if len(names) > 8 else ''})" if names else ""
         return f"other JIT kernels compiled at start-up: {counts}{tail}"
 
     @property
@@ -134,7 +139,13 @@ def compiled_in_container(container) -> RuntimeCompiles:
     if result.exit_code != 0:
         last = (stderr or stdout or b"").decode(errors="replace").strip().splitlines()[-1:]
         return RuntimeCompiles(None, f"python3 in the container: {' '.join(last) or 'failed'}")
-    found = json.loads(stdout)
-    return RuntimeCompiles(
-        {cache: sorted({kernel_name(cache, p) for p in files}) for cache, files in found.items()}
-    )
+    try:  # the container's python3 answers: what it says is not believed blind
+        found = json.loads(stdout)
+        return RuntimeCompiles(
+            {
+                cache: sorted({kernel_name(cache, p) for p in files})
+                for cache, files in found.items()
+            }
+        )
+    except (ValueError, TypeError, AttributeError, RecursionError):
+        return RuntimeCompiles(None, "python3 in the container answered no list of kernel files")

@@ -366,13 +366,14 @@ _PROBE = json.loads((REPO_ROOT / "tests/data/p2p/healthy-8x-rtx-pro-6000/probe.j
 
 @FUZZ
 @given(probe=_mutated(_PROBE))
-def test_a_p2p_probe_document(tmp_path_factory, probe: dict) -> None:
+def test_a_p2p_probe_document(tmp_path_factory, monkeypatch, probe: dict) -> None:
     """What `doctor --p2p` reads back from the probe in the image (or --probe-result FILE):
     judged, or one line; never an internal error (2)."""
     folder = tmp_path_factory.mktemp("probe")
     (folder / "probe.json").write_text(json.dumps(probe))
+    monkeypatch.setenv("BUILDER_P2P_DIR", str(folder / "records"))
     code = _exit_code([
         "doctor", "--p2p", "--probe-result", str(folder / "probe.json"), "--target", "sm120",
-        "--data-dir", str(REPO_ROOT), "--sglang-cache", str(folder / "cache"), "--json",
+        "--data-dir", str(REPO_ROOT), "--json",
     ])  # fmt: skip
     assert code in (0, 1, 9)

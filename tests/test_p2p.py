@@ -301,13 +301,16 @@ def _path_without_nvidia_smi() -> str:
     )  # fmt: skip
 
 
-def _builder(*args: str, smi: Path | None) -> subprocess.CompletedProcess:
+def _builder(*args: str, smi: Path | None, records: Path) -> subprocess.CompletedProcess:
+    """builder with the fake nvidia-smi (or none) and its P2P records kept in `records`;
+    five minutes at most (a read that blocks is a failed test, not a hung run)."""
     path = _path_without_nvidia_smi()
     env = {**os.environ, "PATH": f"{smi}{os.pathsep}{path}" if smi else path,
-           "COLUMNS": "200", "BUILDER_CONFIG": "/nonexistent"}  # fmt: skip
+           "COLUMNS": "200", "BUILDER_CONFIG": "/nonexistent",
+           p2p_record.DIR_ENV: str(records)}  # fmt: skip
     return subprocess.run(
         [sys.executable, "-m", "builder.cli", *args], capture_output=True, text=True, env=env,
-        cwd=REPO_ROOT,
+        cwd=REPO_ROOT, timeout=300,
     )  # fmt: skip
 
 
@@ -319,38 +322,39 @@ def _manifest(tmp_path: Path) -> Path:
     return path
 
 
-def _doctor(case: str, cache: Path, smi: Path) -> tuple[int, dict]:
+def _doctor(case: str, records: Path, smi: Path) -> tuple[int, dict]:
     done = _builder(
         "doctor", "--p2p", "--target", "sm120", "--probe-result", str(DATA / case / "probe.json"),
-        "--sglang-cache", str(cache), "--json", smi=smi,
+        "--json", smi=smi, records=records,
     )  # fmt: skip
     return done.returncode, json.loads(done.stdout)
 
 
 def _launch(
-    tmp_path: Path, cache: Path, smi: Path | None, *more: str
+    tmp_path: Path, records: Path, smi: Path | None, *more: str
 ) -> subprocess.CompletedProcess:
     return _builder(
         "launch", "--target", "sm120", "--manifest", str(_manifest(tmp_path)),
-        "--set", f"sglang_cache={cache}", "--json", *more, smi=smi,
+        "--set", f"sglang_cache={tmp_path / 'sglang-cache'}", "--json", *more, smi=smi,
+        records=records,
     )  # fmt: skip
 
 
 def test_launch_applies_the_record_doctor_wrote_and_refuses_pcie_ar(tmp_path) -> None:
     _, facts = _case("collapsed-pex89144")
     smi = _fake_nvidia_smi(tmp_path / "smi", facts)
-    cache = tmp_path / "cache"
-    code, doctor = _doctor("collapsed-pex89144", cache, smi)
+    records = tmp_path / "records"
+    code, doctor = _doctor("collapsed-pex89144", records, smi)
     assert code == 1 and doctor["ok"] is False  # a collapsed pair is a failed check
     record = Path(doctor["record"])
     machine = p2p_record.machine_from(facts.gpu_ids, facts.topology)
-    assert record == cache / "builder-p2p" / f"{machine.key}.json"
+    assert record == records / f"{machine.key}.json"
     written = json.loads(record.read_text())
     assert written["gpu_uuids"] == list(machine.uuids) and written["profile"] == "glm5-nvfp4-tp8"
     assert written["settings"]["nccl"]["set"] == {"NCCL_P2P_DISABLE": "1"}
     assert written["probe"]["gpus"][2]["uuid"] == machine.uuids[2]
 
-    done = _launch(tmp_path, cache, smi)
+    done = _launch(tmp_path, records, smi)
     assert done.returncode == 0, done.stderr
     env = json.loads(done.stdout)["env"]
     assert env["NCCL_P2P_DISABLE"] == "1" and "NCCL_P2P_LEVEL" not in env
@@ -360,14 +364,16 @@ def test_launch_applies_the_record_doctor_wrote_and_refuses_pcie_ar(tmp_path) ->
     )
     assert "-e NCCL_P2P_DISABLE=1" in json.loads(done.stdout)["docker_run_shell"]
 
-    refused = _launch(tmp_path, cache, smi, "--profile", "glm5-nvfp4-tp8-pcie-ar")
+    refused = _launch(tmp_path, records, smi, "--profile", "glm5-nvfp4-tp8-pcie-ar")
     assert refused.returncode == 1
     last = refused.stderr.strip().splitlines()[-1]
     assert last.startswith("error: profile glm5-nvfp4-tp8-pcie-ar needs peer access on every")
     assert str(record) in last and "GPU2->GPU3 copies at 2.7 GB/s" in last
     assert json.loads(refused.stdout)["exit_code"] == 1
 
-    anyway = _launch(tmp_path, cache, smi, "--profile", "glm5-nvfp4-tp8-pcie-ar", "--no-p2p-record")
+    anyway = _launch(
+        tmp_path, records, smi, "--profile", "glm5-nvfp4-tp8-pcie-ar", "--no-p2p-record"
+    )
     assert anyway.returncode == 0 and "P2P record: not read (--no-p2p-record)" in anyway.stderr
     assert json.loads(anyway.stdout)["env"]["NCCL_P2P_LEVEL"] == "PHB"
 
@@ -375,11 +381,11 @@ def test_launch_applies_the_record_doctor_wrote_and_refuses_pcie_ar(tmp_path) ->
 def test_a_healthy_record_lets_pcie_ar_start_with_the_profile_s_nccl(tmp_path) -> None:
     _, facts = _case("healthy-8x-rtx-pro-6000")
     smi = _fake_nvidia_smi(tmp_path / "smi", facts)
-    cache = tmp_path / "cache"
-    code, doctor = _doctor("healthy-8x-rtx-pro-6000", cache, smi)
+    records = tmp_path / "records"
+    code, doctor = _doctor("healthy-8x-rtx-pro-6000", records, smi)
     # This machine's own facts (no PEX, maybe a VM) join the recorded probe: nothing fails.
     assert code == 0 and doctor["ok"] and doctor["settings"]["pcie_ar"]["allowed"]
-    done = _launch(tmp_path, cache, smi, "--profile", "glm5-nvfp4-tp8-pcie-ar")
+    done = _launch(tmp_path, records, smi, "--profile", "glm5-nvfp4-tp8-pcie-ar")
     assert done.returncode == 0, done.stderr
     env = json.loads(done.stdout)["env"]
     assert env["NCCL_P2P_LEVEL"] == "PHB" and "NCCL_P2P_DISABLE" not in env
@@ -389,14 +395,14 @@ def test_a_healthy_record_lets_pcie_ar_start_with_the_profile_s_nccl(tmp_path) -
 
 def test_a_stale_record_is_ignored_in_one_line(tmp_path) -> None:
     _, facts = _case("collapsed-pex89144")
-    cache = tmp_path / "cache"
-    code, doctor = _doctor("collapsed-pex89144", cache, _fake_nvidia_smi(tmp_path / "a", facts))
+    records = tmp_path / "records"
+    code, doctor = _doctor("collapsed-pex89144", records, _fake_nvidia_smi(tmp_path / "a", facts))
     assert code == 1 and Path(doctor["record"]).is_file()
     rows = [line.split(", ") for line in facts.gpu_ids.splitlines()]
     rows[0][1], rows[1][1] = rows[1][1], rows[0][1]  # GPU0 and GPU1 swapped slots
     swapped = "".join(", ".join(row) + "\n" for row in rows)
     moved = _fake_nvidia_smi(tmp_path / "b", HostFacts(gpu_ids=swapped, topology=facts.topology))
-    done = _launch(tmp_path, cache, moved, "--profile", "glm5-nvfp4-tp8-pcie-ar")
+    done = _launch(tmp_path, records, moved, "--profile", "glm5-nvfp4-tp8-pcie-ar")
     assert done.returncode == 0, done.stderr  # the record that refused it is not this machine's
     assert json.loads(done.stdout)["env"]["NCCL_P2P_LEVEL"] == "PHB"
     (line,) = [line for line in done.stderr.splitlines() if "P2P record" in line]
@@ -404,21 +410,21 @@ def test_a_stale_record_is_ignored_in_one_line(tmp_path) -> None:
     assert (
         f"ignored 1 stale ({Path(doctor['record']).name}: the same GPUs in another order)" in line
     )
-    explicit = _launch(tmp_path, cache, moved, "--p2p-record", doctor["record"])
+    explicit = _launch(tmp_path, records, moved, "--p2p-record", doctor["record"])
     assert explicit.returncode == 0
     assert "ignored, stale: made for the same GPUs in another order" in explicit.stderr
     retopo = facts.topology.replace("GPU0\t X \tPIX", "GPU0\t X \tPHB", 1)  # GPU0-GPU1
     other = _fake_nvidia_smi(tmp_path / "c", HostFacts(gpu_ids=facts.gpu_ids, topology=retopo))
     assert p2p_host.topology_matrix(retopo) != p2p_host.topology_matrix(facts.topology)
-    again = _launch(tmp_path, cache, other, "--p2p-record", doctor["record"])
+    again = _launch(tmp_path, records, other, "--p2p-record", doctor["record"])
     assert "ignored, stale: made for another topology" in again.stderr
 
 
 def test_without_nvidia_smi_launch_says_no_record_was_read_and_why(tmp_path) -> None:
-    cache = tmp_path / "cache"
+    records = tmp_path / "records"
     _, facts = _case("collapsed-pex89144")
-    _, doctor = _doctor("collapsed-pex89144", cache, _fake_nvidia_smi(tmp_path / "smi", facts))
-    done = _launch(tmp_path, cache, None)
+    _, doctor = _doctor("collapsed-pex89144", records, _fake_nvidia_smi(tmp_path / "smi", facts))
+    done = _launch(tmp_path, records, None)
     assert done.returncode == 0
     assert (
         "P2P record: none read (nvidia-smi not found or not answering here, so this machine's "
@@ -426,7 +432,7 @@ def test_without_nvidia_smi_launch_says_no_record_was_read_and_why(tmp_path) -> 
     ) in done.stderr
     assert json.loads(done.stdout)["env"]["NCCL_P2P_LEVEL"] == "PHB"
     # Named explicitly (deploy-files on a build host for the VM): applied, and said so.
-    named = _launch(tmp_path, cache, None, "--p2p-record", doctor["record"])
+    named = _launch(tmp_path, records, None, "--p2p-record", doctor["record"])
     assert json.loads(named.stdout)["env"]["NCCL_P2P_DISABLE"] == "1"
     assert "(not matched against this machine: nvidia-smi not found" in named.stderr
 
@@ -434,12 +440,14 @@ def test_without_nvidia_smi_launch_says_no_record_was_read_and_why(tmp_path) -> 
 def test_a_bad_record_file_is_one_line(tmp_path) -> None:
     bad = tmp_path / "record.json"
     bad.write_text(json.dumps({"schema": "something else"}))
-    done = _launch(tmp_path, tmp_path / "cache", None, "--p2p-record", str(bad))
+    done = _launch(tmp_path, tmp_path / "records", None, "--p2p-record", str(bad))
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == (
         f"error: P2P record {bad}: not a builder P2P record (schema builder-p2p-record)"
     )
-    both = _launch(tmp_path, tmp_path / "cache", None, "--p2p-record", str(bad), "--no-p2p-record")
+    both = _launch(
+        tmp_path, tmp_path / "records", None, "--p2p-record", str(bad), "--no-p2p-record"
+    )
     assert (
         both.stderr.strip().splitlines()[-1] == "error: --p2p-record and --no-p2p-record: give one"
     )
@@ -447,7 +455,7 @@ def test_a_bad_record_file_is_one_line(tmp_path) -> None:
 
 def test_doctor_p2p_bad_input_is_one_line(tmp_path) -> None:
     done = _builder("doctor", "--p2p", "--target", "sm120", "--probe-result",
-                    str(tmp_path / "missing.json"), smi=None)  # fmt: skip
+                    str(tmp_path / "missing.json"), smi=None, records=tmp_path)  # fmt: skip
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == (
         f"error: --probe-result {tmp_path / 'missing.json'}: no such file"
@@ -458,10 +466,10 @@ def test_doctor_p2p_prints_each_check_the_verdict_and_the_record(tmp_path) -> No
     """One GPU (as the lent H200): what it cannot measure is SKIP, and that passes."""
     _, facts = _case("one-h200")
     smi = _fake_nvidia_smi(tmp_path / "smi", facts)
-    cache = tmp_path / "cache"
+    records = tmp_path / "records"
     done = _builder(
         "doctor", "--p2p", "--target", "sm120", "--probe-result",
-        str(DATA / "one-h200" / "probe.json"), "--sglang-cache", str(cache), smi=smi,
+        str(DATA / "one-h200" / "probe.json"), smi=smi, records=records,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -470,7 +478,7 @@ def test_doctor_p2p_prints_each_check_the_verdict_and_the_record(tmp_path) -> No
     assert all(line.split()[0] in ("ok", "FAIL", "SKIP", "fix:", "verdict:", "record:", "cause:")
                for line in lines)  # fmt: skip
     assert lines[-2].startswith("verdict: healthy; NCCL: the profile's settings; -pcie-ar")
-    (record,) = (cache / "builder-p2p").glob("gpus-*.json")
+    (record,) = records.glob("gpus-*.json")
     assert lines[-1].startswith(f"record: {record} (builder launch, deploy-files and qualify")
 
 
@@ -484,9 +492,10 @@ def test_doctor_p2p_without_a_docker_daemon_could_not_check(tmp_path) -> None:
     shutil.copy(manifest, data / "manifests" / "sm120" / "20260101T000000Z-test.json")
     done = subprocess.run(
         [sys.executable, "-m", "builder.cli", "doctor", "--p2p", "--target", "sm120",
-         "--data-dir", str(data), "--sglang-cache", str(tmp_path / "cache")],
+         "--data-dir", str(data)],
         capture_output=True, text=True, cwd=REPO_ROOT,
-        env={**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"},
+        env={**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock",
+             p2p_record.DIR_ENV: str(tmp_path / "records")},
     )  # fmt: skip
     assert done.returncode == 9
     assert (
@@ -494,4 +503,4 @@ def test_doctor_p2p_without_a_docker_daemon_could_not_check(tmp_path) -> None:
         .splitlines()[-1]
         .startswith(f"error: cannot reach the Docker daemon at unix://{tmp_path}/no-docker.sock")
     )
-    assert not (tmp_path / "cache").exists()
+    assert not (tmp_path / "records").exists()

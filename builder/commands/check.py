@@ -79,6 +79,8 @@ def cmd_doctor(args: argparse.Namespace) -> None:
     verdict line; exit 1 when one failed, 9 when one could not be checked and none failed."""
     findings: list = []
     facts = None  # (cuda version, compute capability, tp size, profile) from the recipe
+    if args.p2p:
+        doctor_p2p.before_the_recipe(args)
     if args.image:
         validate.image_reference("--image", args.image)
         # On a VM: everything from the image's recipe, no checkout needed.
@@ -264,9 +266,11 @@ def register(sub) -> None:
         "topo -m) it names a collapsed pair, a pair without peer access or a hung all-reduce "
         "and its likely cause, and chooses the NCCL settings (the profile's, or "
         "NCCL_P2P_DISABLE=1) and whether the -pcie-ar profiles may run. The record goes to "
-        "the profile's sglang cache (<sglang_cache>/builder-p2p/), keyed by GPU order and "
-        "topology; builder launch on this machine applies it. Each check says ok, FAIL or "
-        "SKIP (what one GPU cannot measure); exit code 1 if one fails, 9 if the Docker "
+        "/var/lib/builder/p2p/ (BUILDER_P2P_DIR, for doctor and launch alike), keyed by GPU "
+        "order and topology, outside every folder the server's container writes; builder "
+        "launch on this machine applies it. A probe whose GPUs are not this machine's "
+        "writes none. Each check says ok, FAIL or SKIP (what one GPU cannot measure); exit "
+        "code 1 if one fails or the NVIDIA container runtime is missing, 9 if the Docker "
         "daemon does not answer.\n\n"
         "examples:\n"
         "  builder doctor --target sm120 --image $IMAGE --profile glm5-nvfp4-tp8-pcie-ar\n"
@@ -311,11 +315,6 @@ def register(sub) -> None:
         "--probe-result", metavar="FILE",
         help="judge a probe document saved earlier (python3 -m builder.probes.p2p_probe) "
         "instead of running the probe",
-    )  # fmt: skip
-    p2p_options.add_argument(
-        "--sglang-cache", metavar="DIR",
-        help="where the record goes (default: the profile's sglang_cache param; launch "
-        "reads it there, or from --set sglang_cache=DIR)",
     )  # fmt: skip
     add_output_options(doctor_cmd)
     doctor_cmd.set_defaults(func=cmd_doctor)

@@ -1,6 +1,8 @@
 """`builder doctor --p2p`: measure the GPUs' peer-to-peer fabric before any model loads (the
 probe in the server image), judge it with the host's facts, and keep the record that
-`builder launch` applies on this machine."""
+`builder launch` applies on this machine (builder/p2p_record.py: where, and why there).
+What the probe says (GPU names, versions, its stages' errors) is shown with its control
+characters escaped: it comes from the image's python3, or a file."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from builder.commands.common import print_json
 from builder.errors import BuilderError
 from builder.lazy import lazy_module
 from builder.settings import resolve_data_dir
+from builder.untrusted import printable
 
+doctor = lazy_module("builder.doctor")
 docker_client = lazy_module("builder.docker_client")
 launch = lazy_module("builder.launch")
 manifest = lazy_module("builder.manifest")
@@ -25,6 +29,18 @@ p2p_run = lazy_module("builder.p2p_run")
 progress = lazy_module("builder.progress")
 validate = lazy_module("builder.validate")
 docker = lazy_module("docker")
+
+SHOWN = 1000  # characters of a check's line: the probe's strings in it are cut with the rest
+
+
+def before_the_recipe(args: argparse.Namespace) -> None:
+    """What `doctor --p2p` checks before the profile is resolved (with --image, the image
+    may be pulled for its recipe): bad input, and, where the probe will run here, the NVIDIA
+    container runtime, as plain `doctor` checks it (docker's own error names a device
+    driver, not the runtime)."""
+    check_options(args)
+    if not args.probe_result:
+        doctor.require_gpu_runtime(docker_client.connect().info())  # no daemon: exit 9
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -43,6 +59,8 @@ def _probe_result(path: str) -> dict:
         document = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BuilderError(f"--probe-result {path}: cannot read it ({exc})") from None
+    except RecursionError:
+        raise BuilderError(f"--probe-result {path}: cannot read it (nested too deep)") from None
     if not isinstance(document, dict) or document.get("probe") != "builder-p2p":
         raise BuilderError(f"--probe-result {path}: not a p2p_probe document")
     return document
@@ -72,14 +90,13 @@ def _probe_in_image(args: argparse.Namespace, image: str, nccl_env: dict[str, st
     progress.info(escape(f"P2P probe in {image} (at most {deadline / 60:.0f} min)"))
     return p2p_run.run(
         p2p_run.container_command(image, args_, name), deadline, container=name,
-        on_line=lambda line: progress.info(escape(line)),
+        on_line=lambda line: progress.info(escape(printable(line, 400))),
     )  # fmt: skip
 
 
 def run(args: argparse.Namespace, recipe, tp: int) -> None:
-    """`recipe`: the profile resolved as doctor resolves it (its env, its volumes)."""
-    check_options(args)
-    cache_dir = args.sglang_cache or p2p_record.cache_dir_of(recipe.volumes)
+    """`recipe`: the profile resolved as doctor resolves it (its env, its volumes), after
+    `before_the_recipe`."""
     nccl_env = {k: v for k, v in recipe.env.items() if k.startswith("NCCL_")}
     facts = p2p_host.collect()
     image = None
@@ -93,7 +110,8 @@ def run(args: argparse.Namespace, recipe, tp: int) -> None:
         if not isinstance(probe, dict):
             raise TypeError("not a JSON object")
         analysis = p2p.analyse(probe, facts, recipe.env, tp)
-        record, note = _record(probe, facts, analysis, cache_dir, image, recipe.profile)
+        _refuse_other_gpus(analysis)
+        record, note = _record(probe, facts, analysis, image, recipe)
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
         raise BuilderError(
             f"the probe's answer is not what builder's probe writes ({type(exc).__name__}: "
@@ -113,23 +131,33 @@ def run(args: argparse.Namespace, recipe, tp: int) -> None:
         print_json(result, ok=analysis.ok)
     else:
         for check in analysis.checks:
-            print(f"{check.status:<4} {check.name}: {check.detail}")
+            print(f"{check.status:<4} {check.name}: {printable(check.detail, SHOWN)}")
             if check.fix and (not check.ok or args.verbose):
                 print(f"     fix: {check.fix}")
         for cause in analysis.causes:
-            print(f"cause: {cause}")
-        print(f"verdict: {analysis.verdict}")
+            print(f"cause: {printable(cause, SHOWN)}")
+        print(f"verdict: {printable(analysis.verdict, SHOWN)}")
         print(f"record: {record} ({note})" if record else f"record: {note}")
     if not analysis.ok:
         raise SystemExit(1)
 
 
-def _record(probe, facts, analysis, cache_dir: str | None, image: str | None, profile: str):
+def _refuse_other_gpus(analysis) -> None:
+    """A probe that saw other GPUs than this machine's, or in another order, judged the wrong
+    fabric: its verdict would be filed under this machine's key and let launch start what
+    plain doctor refuses (operator review #55). Nothing is written."""
+    for check in analysis.checks:
+        if check.name == "gpu order" and not check.ok:
+            raise BuilderError(
+                f"the probe's GPUs are not this machine's: {printable(check.detail, SHOWN)}; "
+                f"no P2P record written; {check.fix}"
+            )
+
+
+def _record(probe, facts, analysis, image: str | None, recipe):
     """(path written, what launch will do) or (None, why none was written)."""
     if not probe.get("cuda"):
         return None, "not written: the probe measured nothing"
-    if not cache_dir:
-        return None, f"not written: profile {profile} has no sglang cache (give --sglang-cache)"
     machine = p2p_record.machine_from(facts.gpu_ids, facts.topology)
     topology = facts.topology
     if not isinstance(machine, p2p_record.Machine):  # no nvidia-smi here: the probe's own
@@ -138,6 +166,8 @@ def _record(probe, facts, analysis, cache_dir: str | None, image: str | None, pr
         topology = smi.get("topology")
     if not isinstance(machine, p2p_record.Machine):
         return None, f"not written: {machine}, so the record could not be keyed"
-    path = p2p_record.record_path(cache_dir, machine)
-    p2p_record.write(path, machine, topology, probe, facts, analysis, image, profile)
+    path = p2p_record.write(
+        p2p_record.record_dir(), machine, topology, probe, facts, analysis, image,
+        recipe.profile, recipe.volumes,
+    )  # fmt: skip
     return path, "builder launch, deploy-files and qualify --start on this machine apply it"

@@ -31,6 +31,7 @@ from builder.target import load_target
 
 deploy_chosen = lazy_module("builder.commands.deploy_chosen")
 docker_client = lazy_module("builder.docker_client")
+doctor = lazy_module("builder.doctor")
 image_recipe = lazy_module("builder.recipe")
 launch = lazy_module("builder.launch")
 manifest = lazy_module("builder.manifest")
@@ -211,6 +212,8 @@ def cmd_launch(args: argparse.Namespace) -> None:
     if not args.run:
         emit(args, {**recipe.to_json(), "recipe_from": source}, [recipe.shell()])
         return
+    # --gpus all needs the NVIDIA runtime: said as `builder doctor` says it, before a start
+    doctor.require_gpu_runtime(docker_client.connect().info())
     start_server(recipe)
     progress.info(f"started {recipe.container_name}; waiting for it to be ready")
     _wait(args, recipe.url, recipe.container_name, recipe.expect,
@@ -236,8 +239,7 @@ def start_server(recipe: launch.Recipe) -> None:
     try:  # a first run pulls the image: minutes for a server image
         started = subprocess.run(command, capture_output=True, text=True, timeout=3600)
         if started.returncode:
-            lines = started.stderr.strip().splitlines() or ["no message"]
-            raise BuilderError(f"docker run failed: {lines[-1]}")
+            raise BuilderError(f"docker run failed: {doctor.docker_failure(started.stderr)}")
     except BaseException as exc:
         # docker run may have created the container before failing to start it (port taken,
         # no NVIDIA runtime) or being interrupted: the name was free above, so it is ours.

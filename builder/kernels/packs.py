@@ -8,17 +8,15 @@ shipped on.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import docker.errors
 
-from builder import progress
+from builder import docker_client, progress
 from builder.cache import atomic_write_text, read_limited
 from builder.errors import BuilderError
 from builder.target import is_flashinfer_call
@@ -84,6 +82,7 @@ def compiled_in_workspace(workspace: Path) -> list[CompiledModule]:
 
 JOURNAL = "generators.jsonl"  # images/sm120/jit_journal.py writes it beside cached_ops/
 _JOURNAL_LIMIT = 4 << 20
+_JOURNAL_LINE_LIMIT = 8 << 10  # one record: a module's name and one generator call
 _MODULE_NAME = re.compile(r"[A-Za-z0-9_]{1,200}")
 
 
@@ -100,10 +99,17 @@ def _journal(text: str, origin: str) -> dict[str, str]:
     that is not one well-formed record, or names anything but a plain FlashInfer call, is
     skipped with a warning (that module is then harvested without a call)."""
     found = {}
+    unread = 0
     for number, line in enumerate(text.splitlines(), 1):
+        if len(line) > _JOURNAL_LINE_LIMIT:
+            unread += 1
+            continue
         try:
             record = json.loads(line)
             name, generator = record["name"], record["generator"]
+        except RecursionError:  # [[[[...: json recurses once a bracket
+            unread += 1
+            continue
         except (ValueError, KeyError, TypeError):
             continue
         if not (isinstance(name, str) and _MODULE_NAME.fullmatch(name)):
@@ -112,6 +118,11 @@ def _journal(text: str, origin: str) -> dict[str, str]:
             found[name] = check_generator(str(generator), f"{origin}:{number}")
         except BuilderError as exc:
             progress.warn(f"{exc} (skipped)")
+    if unread:
+        progress.warn(
+            f"{origin}: {unread} line(s) over {_JOURNAL_LINE_LIMIT} characters or nested too "
+            "deep: not journal records (skipped)"
+        )
     return found
 
 
@@ -168,11 +179,13 @@ def harvest_container(container, out: Path) -> tuple[list[CompiledModule], Path 
         if stat.get("size", 0) > _JOURNAL_LIMIT:  # asked before a byte of it is read
             progress.warn(f"{origin}: its {JOURNAL} is over {_JOURNAL_LIMIT} bytes: not read")
             continue
-        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
-            member = next((m for m in tar if m.isfile() and m.size <= _JOURNAL_LIMIT), None)
-            if member is not None:
-                text = tar.extractfile(member).read().decode(errors="replace")
-                generators.update(_journal(text, f"{origin}: {JOURNAL}"))
+        where = f"{origin}: {JOURNAL}"
+        try:  # the size above is the container's word: the stream is bounded too
+            text = docker_client.file_from_archive(chunks, where, _JOURNAL_LIMIT)
+        except BuilderError as exc:
+            progress.warn(str(exc))
+            continue
+        generators.update(_journal(text.decode(errors="replace"), where))
     return modules, write_pack(modules, generators, out, origin)
 
 
