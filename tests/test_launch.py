@@ -161,6 +161,27 @@ def test_launch_cli_bad_override_is_one_line(builder: Builder) -> None:
     assert result.stderr.strip().splitlines()[-1] == "error: --set nonsense: expected KEY=VALUE"
 
 
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [
+        (
+            ("--deadline", "30"),
+            "error: --deadline: only with --run (it waits for the server it starts)",
+        ),
+        (("--poll", "2s"), "error: --poll: only with --run (it waits for the server it starts)"),
+        (("--run", "--stall-minutes", "90x"), "error: --stall-minutes 90x:"),
+        (("--run", "--deadline", "1200"), "error: --deadline 1200:"),
+    ],
+)
+def test_launch_run_takes_wait_ready_s_options(builder: Builder, given, line: str) -> None:
+    """#55: `launch --run` waits as wait-ready does, with the same options, checked before
+    anything starts (a bad one never reaches the Docker daemon)."""
+    _manifest(builder.data_dir / "manifests/sm120-0.5.9", pushed=True)
+    result = builder.run("launch", *given, check=False)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(line), result.stderr
+
+
 def test_launch_without_any_manifest_says_what_to_do(builder: Builder) -> None:
     result = builder.run("launch", check=False)
     assert result.returncode == 1

@@ -207,7 +207,10 @@ def read_api_key(path: str) -> str:
 
 
 def cmd_launch(args: argparse.Namespace) -> None:
-    args.poll = validate.duration("--poll", args.poll, "s", above=0)
+    waiting = [flag for flag, attr in _WAIT_FLAGS if getattr(args, attr) is not None]
+    if waiting and not args.run:
+        raise BuilderError(f"{waiting[0]}: only with --run (it waits for the server it starts)")
+    deadline_s = _wait_durations(args, poll_default="5")
     recipe, source = recipe_from_args(args)
     if not args.run:
         emit(args, {**recipe.to_json(), "recipe_from": source}, [recipe.shell()])
@@ -217,7 +220,37 @@ def cmd_launch(args: argparse.Namespace) -> None:
     start_server(recipe)
     progress.info(f"started {recipe.container_name}; waiting for it to be ready")
     _wait(args, recipe.url, recipe.container_name, recipe.expect,
-          recipe.ready_deadline_minutes * 60)  # fmt: skip
+          recipe.ready_deadline_minutes * 60 if deadline_s is None else deadline_s)  # fmt: skip
+
+
+_WAIT_FLAGS = (("--deadline", "deadline"), ("--stall-minutes", "stall_minutes"), ("--poll", "poll"))
+
+
+def _wait_durations(args: argparse.Namespace, poll_default: str) -> float | None:
+    """--poll and --stall-minutes into seconds on `args`; the --deadline in seconds, or None
+    for the profile's (0: check once)."""
+    args.poll = validate.duration("--poll", args.poll or poll_default, "s", above=0)
+    stall = args.stall_minutes or str(STALL_MINUTES)
+    args.stall_s = validate.duration("--stall-minutes", stall, "m", minimum=0)
+    return validate.duration("--deadline", args.deadline, "m", minimum=0)
+
+
+def add_wait_options(command: argparse.ArgumentParser, poll_default: str, when: str = "") -> None:
+    """How long and how closely to wait for ready: wait-ready's, and launch --run's."""
+    command.add_argument(
+        "--deadline", metavar="MINUTES",
+        help=f"{when}how long to wait: minutes, or with a unit ({UNITS}); 0 checks once "
+        f"(default: the profile's, or {DEADLINE_MINUTES})",
+    )  # fmt: skip
+    command.add_argument(
+        "--stall-minutes", metavar="MINUTES",
+        help=f"{when}no new log line for this long before ready is a stall: minutes, or with "
+        f"a unit ({UNITS}) (default: {STALL_MINUTES:g})",
+    )  # fmt: skip
+    command.add_argument(
+        "--poll", metavar="SECONDS",
+        help=f"{when}between checks: seconds, or with a unit ({UNITS}) (default: {poll_default})",
+    )  # fmt: skip
 
 
 def start_server(recipe: launch.Recipe) -> None:
@@ -370,9 +403,7 @@ def compiled_line(compiled: list[str], container: str) -> str:
 
 def cmd_wait_ready(args: argparse.Namespace) -> None:
     validate.server_url("wait-ready URL", args.url)
-    deadline_s = validate.duration("--deadline", args.deadline, "m", minimum=0)  # 0: once
-    args.stall_s = validate.duration("--stall-minutes", args.stall_minutes, "m", minimum=0)
-    args.poll = validate.duration("--poll", args.poll, "s", above=0)
+    deadline_s = _wait_durations(args, poll_default="2")
     if args.image:
         validate.image_reference("--image", args.image)
     expect: dict = {}
@@ -513,9 +544,7 @@ def register(sub) -> None:
     )
     add_launch_options(launch_cmd)
     launch_cmd.add_argument("--run", action="store_true", help="start it here and wait-ready")
-    # Seconds (or with a unit), as wait-ready's --poll.
-    launch_cmd.add_argument("--poll", default="5", help=argparse.SUPPRESS)
-    launch_cmd.set_defaults(stall_s=STALL_MINUTES * 60)
+    add_wait_options(launch_cmd, poll_default="5", when="with --run: ")
 
     deploy = add_command(
         sub,
@@ -577,19 +606,7 @@ def register(sub) -> None:
     wait.add_argument(
         "--container", help="container name or id to watch for crashes, stalls and JIT compiles"
     )
-    wait.add_argument(
-        "--deadline",
-        metavar="MINUTES",
-        help=f"how long to wait: minutes, or with a unit ({UNITS}); 0 checks once "
-        f"(default: the profile's, or {DEADLINE_MINUTES})",
-    )
-    wait.add_argument(
-        "--stall-minutes",
-        default=str(STALL_MINUTES),
-        metavar="MINUTES",
-        help="with --container: no new log line for this long before ready is a stall: "
-        f"minutes, or with a unit ({UNITS}) (default: {STALL_MINUTES:g})",
-    )
+    add_wait_options(wait, poll_default="2")
     wait.add_argument("--profile", help="take the expected backends and deadline from a profile")
     wait.add_argument(
         "--set",
@@ -617,9 +634,5 @@ def register(sub) -> None:
         help="/server_info must report this (repeatable)",
     )
     add_project_options(wait)
-    wait.add_argument(
-        "--poll", default="2", metavar="SECONDS",
-        help=f"between checks: seconds, or with a unit ({UNITS}) (default: 2)",
-    )  # fmt: skip
     add_output_options(wait)
     wait.set_defaults(func=cmd_wait_ready)
