@@ -96,7 +96,8 @@ def test_bash_completes_each_command_s_own_options(scripts) -> None:
         offered = complete(scripts["bash"], *path.split(), "-")
         assert set(offered) == _shown_options(parser), f"builder {path}"
     assert complete(scripts["bash"], "wait-ready", "http://h:1", "--st") == ["--stall-minutes"]
-    assert "--poll" not in complete(scripts["bash"], "launch", "--")  # hidden there
+    assert "--poll" in complete(scripts["bash"], "launch", "--")  # launch --run waits too
+    assert "--output" not in complete(scripts["bash"], "lock", "--")  # hidden: its old name
 
 
 def test_bash_reads_the_command_past_global_flags_and_option_values(scripts) -> None:
