@@ -1,10 +1,11 @@
-"""Hostile servers and credentials (issue #54, "Trust III"): a server that drips its answer
-to hold builder forever, a plain-http host that asks for the stored login, and a reason
-phrase that writes escape sequences to the terminal.
+"""Hostile servers and credentials (issue #54, "Trust III"): a git mirror that redirects its
+login away, a server that drips its answer to hold builder forever, a plain-http host that
+asks for the stored login, and a reason phrase that writes escape sequences to the terminal.
 
-Real servers on loopback: http.server for a host asking for a login, and raw sockets where
-a server must misbehave below HTTP (dripping, a broken status line), plain or over TLS with
-a self-signed certificate made here.
+Real servers on loopback: http.server for git's smart-HTTP requests (a mirror on 127.0.0.1
+and the host it redirects to on 127.0.0.2, another address of this machine, so another
+origin), and raw sockets where a server must misbehave below HTTP (dripping, a broken status
+line), plain or over TLS with a self-signed certificate made here.
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ import pytest
 from builder import http_client, publish, qualify, remote_wheel
 from builder.errors import BuilderError, Unreachable
 from builder.wheels import BuiltWheel
-from tests.test_index_credentials import TOKEN, USER, self_signed_certificate
+from tests.test_index_credentials import TOKEN, USER, _builder, self_signed_certificate
+
+OTHER_HOST = "127.0.0.2"  # loopback too, but another origin than 127.0.0.1
+
+
+# --- 1. a git mirror's login stays with the mirror's origin ---------------------------
 
 
 class _GitHost(http.server.BaseHTTPRequestHandler):
@@ -64,6 +70,92 @@ def _serving(handler, host: str = "127.0.0.1") -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def git_hosts() -> Iterator[tuple[type[_GitHost], str, str, str]]:
+    """(the mirror's handler, the mirror, a host on the mirror's address and another port,
+    a host on another address): the mirror redirects where its `redirect_to` says; the
+    others ask for a login."""
+
+    class Mirror(_GitHost):
+        pass
+
+    Mirror.seen = _GitHost.seen = []
+    with (
+        _serving(Mirror) as mirror,
+        _serving(_GitHost) as same_address,
+        _serving(_GitHost, OTHER_HOST) as other,
+    ):
+        yield Mirror, mirror, same_address, other
+
+
+def _fetch_through(tmp_path: Path, mirror: str) -> tuple[list[str], Path]:
+    """The error lines of `builder sources` for flashinfer through `mirror` with a login,
+    and the pin they name."""
+    builder = _builder(tmp_path, f"https://github.com/=http://{USER}:{TOKEN}@{mirror}/")
+    result = builder.run("sources", "--upstream", "flashinfer", check=False)
+    assert result.returncode == 1, result.stderr
+    assert TOKEN not in result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    return errors, builder.data_dir / "forks/flashinfer/pin.toml"
+
+
+@pytest.mark.parametrize("to", ["another address", "another port"])
+def test_a_mirror_that_redirects_to_another_origin_gets_no_login_sent_there(
+    tmp_path: Path, git_hosts, to: str
+) -> None:
+    """Reproduced in #54: the login written in the mirror's URL went with libgit2 to the
+    host the mirror redirected to (the credentials callback answered whoever asked)."""
+    mirror_handler, mirror, same_address, other = git_hosts
+    target = other if to == "another address" else same_address
+    mirror_handler.redirect_to = f"http://{target}"
+    errors, pin = _fetch_through(tmp_path, mirror)
+    assert errors == [
+        f"error: {pin}: http://{mirror}/flashinfer-ai/flashinfer.git redirected to another "
+        f"origin, http://{target}/flashinfer-ai/flashinfer.git, which asks for credentials: "
+        "withheld (the mirror's go to its own scheme, host and port only); give the URL it "
+        "redirects to as the mirror if you trust that host"
+    ]
+    at_target = [auth for host, auth in _GitHost.seen if host == target]
+    assert at_target and set(at_target) == {None}  # asked there, and never sent the login
+
+
+def test_a_mirror_that_redirects_within_its_own_origin_keeps_its_login(
+    tmp_path: Path, git_hosts
+) -> None:
+    """The control: a redirect to another path of the mirror's own origin is answered with
+    the mirror's login (refused here, as the host refuses every one)."""
+    mirror_handler, mirror, _, _ = git_hosts
+    mirror_handler.redirect_to = f"http://{mirror}/moved"
+    errors, pin = _fetch_through(tmp_path, mirror)
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: {pin}: http://{mirror}/moved/flashinfer-ai/flashinfer.git refused the "
+        "credentials given"
+    ), errors
+    assert (mirror, http_client.basic(USER, TOKEN)) in _GitHost.seen
+
+
+def test_a_plain_http_git_mirror_is_never_sent_the_stored_login(tmp_path: Path, git_hosts) -> None:
+    """A mirror over plain http that asks for a login, ~/.netrc holding one for its host:
+    withheld, with one line that says so (anyone on the path would read it)."""
+    _, mirror, _, _ = git_hosts
+    netrc = tmp_path / "netrc"
+    netrc.write_text(f"machine 127.0.0.1 login {USER} password {TOKEN}\n")
+    builder = _builder(tmp_path / "b", f"https://github.com/=http://{mirror}/")
+    result = builder.run(
+        "sources", "--upstream", "flashinfer", env={"NETRC": str(netrc)}, check=False
+    )
+    assert result.returncode == 1, result.stderr
+    pin = builder.data_dir / "forks/flashinfer/pin.toml"
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: {pin}: http://{mirror}/flashinfer-ai/flashinfer.git asks for "
+        "credentials over plain http: the login ~/.netrc or the keyring holds for its host "
+        "is withheld (sent over https only); use https, or write USER:TOKEN@ into the URL to "
+        "send one over plain http anyway"
+    ]
+    assert {auth for _, auth in _GitHost.seen} == {None}
 
 
 # --- 2. http_client: a deadline for the whole request, no stored login over plain http,
