@@ -24,6 +24,7 @@ from builder import progress
 from builder.cache import atomic_copy, atomic_write_text, sha256_file
 from builder.errors import BuilderError
 from builder.simple_index import IndexFile, parse_project_page, read_project
+from builder.untrusted import printable
 from builder.urls import redact
 from builder.wheels import BuiltWheel
 
@@ -103,7 +104,7 @@ def _upload(upload_url: str, repository: str | None, wheel: BuiltWheel) -> None:
             upload(settings, [str(wheel.path)])
     except requests.HTTPError as exc:
         status = exc.response.status_code if exc.response is not None else "?"
-        reason = exc.response.reason if exc.response is not None else str(exc)
+        reason = printable(exc.response.reason if exc.response is not None else exc)
         hint = {401: _CREDENTIAL_HINT, 403: _CREDENTIAL_HINT}.get(status, "")
         if status in (400, 409):
             hint = "the index refused the file (it may exist with other content)"

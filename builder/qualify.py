@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from builder.http_client import NO_REDIRECTS
+from builder.untrusted import printable
 
 DSA_TOP_K = 2048  # GLM-5's sparse attention keeps this many tokens per query
 # Random prompt tokens are drawn from ids every tokenizer of this family has (GLM-5: 151k).
@@ -110,7 +111,7 @@ class Server:
                 raise QualifyError(message) from None
             raise QualifyError(f"{what}: HTTP {exc.code}") from None
         except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
+            reason = printable(getattr(exc, "reason", exc))  # a broken status line, say
             raise QualifyError(f"{what}: no answer from {self.url} ({reason})") from None
         except json.JSONDecodeError:
             raise QualifyError(f"{what}: the answer is not JSON") from None

@@ -32,13 +32,14 @@ from builder.urls import redact
 
 IMPORTER = pygit2.Signature("builder release import", "builder@localhost", 0, 0)
 _TIMEOUT_S = 60
+_DEADLINE_S = 30 * 60  # one release file whole: a slow link's half hour, not a drip's forever
 
 
 @contextlib.contextmanager
 def _open(url: str, what: str):
     try:
         with http_client.open_url(
-            url, what, timeout=_TIMEOUT_S,
+            url, what, timeout=_TIMEOUT_S, deadline=_DEADLINE_S,
             hint="; point it at a mirror with --mirror FROM=TO or BUILDER_MIRRORS",
         ) as response:  # fmt: skip
             yield response

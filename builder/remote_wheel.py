@@ -25,6 +25,9 @@ from builder.errors import BuilderError
 from builder.urls import redact
 
 _TIMEOUT_S = 60
+# The first request may be answered with the whole file (no ranges): up to _WHOLE_LIMIT at
+# about 1.2 MB/s. A range request has http_client's deadline (10 reads' timeouts).
+_WHOLE_DEADLINE_S = 30 * 60
 _TAIL = 1 << 16  # the first request: the end of the file (the zip's table of contents)
 _BLOCK = 1 << 18  # later reads, in blocks: a member's header and data take one request
 _WHOLE_LIMIT = 2 << 30  # a wheel read whole (no ranges): FlashInfer's is 65 MB
@@ -32,10 +35,12 @@ _TOTAL = re.compile(r"bytes \d+-\d+/(\d+)")
 
 
 @contextmanager
-def _get(url: str, what: str, byte_range: str | None):
+def _get(url: str, what: str, byte_range: str | None, deadline: float | None = None):
     headers = {"Range": f"bytes={byte_range}"} if byte_range else {}
     try:
-        with http_client.open_url(url, what, headers=headers, timeout=_TIMEOUT_S) as response:
+        with http_client.open_url(
+            url, what, headers=headers, timeout=_TIMEOUT_S, deadline=deadline
+        ) as response:
             yield response
     except urllib.error.HTTPError as exc:
         raise BuilderError(f"{what}: {redact(url)} answered {exc.code} {exc.reason}") from None
@@ -87,7 +92,7 @@ class _Ranges(io.RawIOBase):
 @contextmanager
 def open_wheel(url: str, what: str) -> Iterator[zipfile.ZipFile]:
     """The wheel at `url` as a ZipFile whose members are fetched as they are read."""
-    with _get(url, what, f"-{_TAIL}") as response:
+    with _get(url, what, f"-{_TAIL}", _WHOLE_DEADLINE_S) as response:
         total = _TOTAL.match(response.headers.get("Content-Range", ""))
         if response.status == 206 and total:
             tail = response.read(_TAIL)

@@ -75,7 +75,7 @@ def read_project(simple_url: str, project: str) -> dict[str, IndexFile]:
         return {}
     if answer.status != 200:
         hint = {
-            401: " (it wants credentials: in the URL, ~/.netrc or the keyring)",
+            401: " (it wants credentials: in the URL, or over https ~/.netrc or the keyring)",
             403: " (it refused: check the credentials in the URL, ~/.netrc or the keyring)",
         }.get(answer.status, "")
         raise BuilderError(

@@ -27,6 +27,7 @@ from builder.cache import remove_tree, staging_dir
 from builder.errors import BuilderError, Unreachable
 from builder.settings import Mirrors
 from builder.target import Fork
+from builder.untrusted import printable
 from builder.urls import redact
 
 ALL_REFS = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
@@ -53,10 +54,11 @@ class Checkout:
 
 
 class _FetchProgress(pygit2.RemoteCallbacks):
-    def __init__(self, bar, url: str = "") -> None:
+    def __init__(self, bar, url: str, what: str) -> None:
         super().__init__()
         self._bar = bar
         self._url = url
+        self._what = what
         self._gave = False
 
     def transfer_progress(self, stats: pygit2.remotes.TransferProgress) -> None:
@@ -69,18 +71,28 @@ class _FetchProgress(pygit2.RemoteCallbacks):
         if allowed_types & pygit2.enums.CredentialType.SSH_KEY:
             return pygit2.KeypairFromAgent(username_from_url or "git")
         # HTTP: the login written in the mirror URL, else ~/.netrc's (or the keyring's) for
-        # the host, given once; libgit2 asks again after a refusal, and that ends the fetch.
+        # the host over https, given once; libgit2 asks again after a refusal, and that ends
+        # the fetch. `url` is where libgit2 is now, after any redirect: the mirror's login
+        # goes to the mirror's own origin only, never to one it redirects to.
+        mirror, written = http_client.split_credentials(self._url)
+        if http_client.origin(url) != http_client.origin(mirror):
+            raise BuilderError(
+                f"{self._what}: {redact(mirror)} redirected to another origin, "
+                f"{printable(redact(url))}, which asks for credentials: withheld (the "
+                "mirror's go to its own scheme, host and port only); give the URL it "
+                "redirects to as the mirror if you trust that host"
+            )
         found = None
         if not self._gave:
-            found = http_client.split_credentials(self._url or url)[1]
-            found = found or http_client.stored_credentials(url)
+            found = written or http_client.stored_login(url, self._what)
         if found is not None and allowed_types & pygit2.enums.CredentialType.USERPASS_PLAINTEXT:
             self._gave = True
             return pygit2.UserPass(*found)
         refused = "refused the credentials given" if self._gave else "asks for credentials"
         raise BuilderError(
-            f"{redact(url)} {refused}: give USER:TOKEN@ in the mirror's URL (--mirror), or "
-            "the host's login in ~/.netrc or the keyring; none is printed or recorded"
+            f"{self._what}: {printable(redact(url))} {refused}: give USER:TOKEN@ in the "
+            "mirror's URL (--mirror), or (https) the host's login in ~/.netrc or the keyring; "
+            "none is printed or recorded"
         )
 
 
@@ -122,7 +134,7 @@ def _fetch(
 ) -> None:
     remote = repo.remotes.create_anonymous(url)
     with progress.task(f"fetch {redact(url)}") if show else contextlib.nullcontext() as bar:
-        callbacks = _FetchProgress(bar, url)
+        callbacks = _FetchProgress(bar, url, what)
         try:
             if shallow:
                 try:
@@ -151,7 +163,7 @@ def _fetch_commit(repo: pygit2.Repository, url: str, commit: str, show: bool, wh
         try:
             remote.fetch(
                 [f"+{commit}:refs/builder/pinned/{commit}"],
-                callbacks=_FetchProgress(bar, url),
+                callbacks=_FetchProgress(bar, url, what),
                 depth=1,
             )
         except pygit2.GitError as exc:

@@ -62,25 +62,40 @@ def _no_secret_anywhere(result, *folders: Path) -> None:
                 assert TOKEN.encode() not in path.read_bytes(), path
 
 
-@pytest.mark.parametrize("how", ["in the URL", "netrc"])
 def test_the_release_pin_downloads_through_an_index_that_wants_credentials(
-    tmp_path: Path, private_index: int, how: str
+    tmp_path: Path, private_index: int
 ) -> None:
     index = f"127.0.0.1:{private_index}/simple"
-    env = {}
-    if how == "netrc":
-        netrc = tmp_path / "netrc"
-        netrc.write_text(f"machine 127.0.0.1 login {USER} password {TOKEN}\n")
-        netrc.chmod(0o600)
-        env = {"NETRC": str(netrc)}
-        mirror = f"https://pypi.org/simple=http://{index}"
-    else:
-        mirror = f"https://pypi.org/simple=http://{USER}:{TOKEN}@{index}"
+    mirror = f"https://pypi.org/simple=http://{USER}:{TOKEN}@{index}"
     builder = _builder(tmp_path / "b", mirror)
-    result = builder.run("sources", "--upstream", "sglang", "--json", env=env, check=False)
+    result = builder.run("sources", "--upstream", "sglang", "--json", check=False)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["upstreams"]["sglang"]["commit"] == PIN["commit"]
     _no_secret_anywhere(result, builder.cache_dir, builder.data_dir)
+
+
+def test_a_netrc_login_is_withheld_from_a_plain_http_index(
+    tmp_path: Path, private_index: int
+) -> None:
+    """The same index over plain http, its login in netrc: anyone on the path would read
+    it, so it is not sent (over https it is: below); one line says so."""
+    netrc = tmp_path / "netrc"
+    netrc.write_text(f"machine 127.0.0.1 login {USER} password {TOKEN}\n")
+    netrc.chmod(0o600)
+    index = f"http://127.0.0.1:{private_index}/simple"
+    builder = _builder(tmp_path / "b", f"https://pypi.org/simple={index}")
+    result = builder.run(
+        "sources", "--upstream", "sglang", "--json", env={"NETRC": str(netrc)}, check=False
+    )
+    assert result.returncode == 1, result.stderr
+    pin = builder.data_dir / "forks/sglang/pin.toml"
+    assert result.stderr == (
+        f"error: {pin}: index {index}: {index}/sglang/ asks for credentials over plain http: "
+        "the login ~/.netrc or the keyring holds for its host is withheld (sent over https "
+        "only); use https, or write USER:TOKEN@ into the URL to send one over plain http "
+        "anyway\n"
+    )
+    _no_secret_anywhere(result, builder.cache_dir)
 
 
 def test_wrong_credentials_are_one_line_that_does_not_quote_them(
@@ -148,10 +163,9 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Two plain HTTP servers (two origins) and one HTTPS server trusted through
-    SSL_CERT_FILE, sharing one routing table and one record of what each was sent."""
+def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
+    """(certificate, key) files for https://127.0.0.1, the certificate its own CA: trusted
+    where SSL_CERT_FILE names it."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -170,7 +184,7 @@ def servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )  # fmt: skip
-    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_file, key_file = folder / "cert.pem", folder / "key.pem"
     cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     key_file.write_bytes(
         key.private_bytes(
@@ -179,6 +193,14 @@ def servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
             serialization.NoEncryption(),
         )
     )
+    return cert_file, key_file
+
+
+@pytest.fixture
+def servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Two plain HTTP servers (two origins) and one HTTPS server trusted through
+    SSL_CERT_FILE, sharing one routing table and one record of what each was sent."""
+    cert_file, key_file = self_signed_certificate(tmp_path)
     monkeypatch.setenv("SSL_CERT_FILE", str(cert_file))
     _Recorder.routes, _Recorder.seen = {}, []
     started = []
@@ -285,13 +307,14 @@ def test_a_netrc_default_login_goes_to_no_host_and_a_server_under_test_gets_none
     servers, tmp_path: Path, monkeypatch
 ) -> None:
     """netrc's `default` entry would answer for any host; and a server under test (wait-ready)
-    is never sent a stored login, whatever the store holds for its host."""
-    first, _, _ = servers
+    is never sent a stored login, whatever the store holds for its host. Over https: a
+    stored login never goes over plain http (tests/test_hostile_credentials.py)."""
+    _, _, secure = servers
     netrc = tmp_path / "netrc"
     netrc.write_text(f"default login {USER} password {TOKEN}\n")
     netrc.chmod(0o600)
     monkeypatch.setenv("NETRC", str(netrc))
-    assert http_client.stored_credentials(f"{first}/x") is None
+    assert http_client.stored_credentials(f"{secure}/x") is None
     netrc.write_text(f"machine 127.0.0.1 login {USER} password {TOKEN}\n")
 
     class Challenge(_Recorder):
@@ -305,8 +328,8 @@ def test_a_netrc_default_login_goes_to_no_host_and_a_server_under_test_gets_none
     answer_401 = _Recorder.do_GET
     _Recorder.do_GET = Challenge.do_GET
     try:
-        asked = http_client.get(f"{first}/index", "index")
-        tested = http_client.get(f"{first}/server_info", "server", use_store=False)
+        asked = http_client.get(f"{secure}/index", "index")
+        tested = http_client.get(f"{secure}/server_info", "server", use_store=False)
     finally:
         _Recorder.do_GET = answer_401
     assert asked.status == tested.status == 401
