@@ -213,9 +213,16 @@ def test_the_topology_key_ignores_escapes_and_affinity_but_not_links() -> None:
 
 
 def test_the_probe_without_torch_answers_no_cuda_in_one_document(capsys) -> None:
-    """torch is not in this venv: the probe (run in-process) still prints one JSON document."""
-    assert p2p_probe.main(["--stage-timeout", "5"]) == 0
-    document = json.loads(capsys.readouterr().out)
+    """torch is not in this venv: the probe (run in-process) still prints one JSON document,
+    and exits 9 (could not check, builder's code) with the reason and the route on stderr."""
+    assert p2p_probe.main(["--stage-timeout", "5"]) == 9
+    shown = capsys.readouterr()
+    document = json.loads(shown.out)
+    assert shown.err.strip().splitlines()[-1] == (
+        f"p2p_probe: measured nothing: no CUDA: torch is not installed in this Python "
+        f"({sys.executable}); run it with a python3 that has a CUDA build of torch (the server "
+        "image has one: builder doctor --p2p --image IMAGE)"
+    )
     assert document["probe"] == "builder-p2p" and document["probe_version"] == 1
     assert document["cuda"] is False
     assert document["error"] == f"no CUDA: torch is not installed in this Python ({sys.executable})"
@@ -498,9 +505,28 @@ def test_doctor_p2p_without_a_docker_daemon_could_not_check(tmp_path) -> None:
              p2p_record.DIR_ENV: str(tmp_path / "records")},
     )  # fmt: skip
     assert done.returncode == 9
-    assert (
-        done.stderr.strip()
-        .splitlines()[-1]
-        .startswith(f"error: cannot reach the Docker daemon at unix://{tmp_path}/no-docker.sock")
+    said = done.stderr.strip().splitlines()[-1]
+    assert said.startswith(
+        f"error: cannot reach the Docker daemon at unix://{tmp_path}/no-docker.sock"
     )
+    probe = REPO_ROOT / "builder/probes/p2p_probe.py"
+    assert said.endswith(
+        f"; or measure without Docker: python3 {probe} --out p2p.json with a python3 that has "
+        "a CUDA build of torch, then builder doctor --p2p --probe-result p2p.json"
+    )
+    assert not (tmp_path / "records").exists()
+
+
+def test_a_probe_that_measured_nothing_could_not_check(tmp_path, capsys) -> None:
+    """The no-Docker route's answer from a python3 without a CUDA torch: exit 9, not 0 (it
+    measured nothing) and not 1 (it found nothing wrong either); no record."""
+    answer = tmp_path / "p2p.json"
+    assert p2p_probe.main(["--stage-timeout", "5", "--out", str(answer)]) == 9
+    capsys.readouterr()
+    done = _builder(
+        "doctor", "--p2p", "--target", "sm120", "--probe-result", str(answer),
+        smi=None, records=tmp_path / "records",
+    )  # fmt: skip
+    assert done.returncode == 9, done.stderr
+    assert "record: not written: the probe measured nothing" in done.stdout
     assert not (tmp_path / "records").exists()

@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from builder.commands.common import print_json
-from builder.errors import BuilderError
+from builder.errors import EXIT_CODES, BuilderError, Unreachable
 from builder.lazy import lazy_module
 from builder.settings import resolve_data_dir
 from builder.untrusted import printable
@@ -40,7 +40,20 @@ def before_the_recipe(args: argparse.Namespace) -> None:
     driver, not the runtime)."""
     check_options(args)
     if not args.probe_result:
-        doctor.require_gpu_runtime(docker_client.connect().info())  # no daemon: exit 9
+        try:
+            client = docker_client.connect()
+        except Unreachable as exc:  # exit 9, with the route that needs no daemon
+            raise Unreachable(f"{exc}; or measure without Docker: {without_docker()}") from None
+        doctor.require_gpu_runtime(client.info())
+
+
+def without_docker() -> str:
+    """The probe run by a python3 that has a CUDA build of torch (builder's own environment
+    on a GPU VM has none), then judged here."""
+    return (
+        f"python3 {p2p_run.probe_file()} --out p2p.json with a python3 that has a CUDA build "
+        "of torch, then builder doctor --p2p --probe-result p2p.json"
+    )
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -138,6 +151,8 @@ def run(args: argparse.Namespace, recipe, tp: int) -> None:
             print(f"cause: {printable(cause, SHOWN)}")
         print(f"verdict: {printable(analysis.verdict, SHOWN)}")
         print(f"record: {record} ({note})" if record else f"record: {note}")
+    if not probe.get("cuda"):  # nothing was measured, so nothing was found wrong either
+        raise SystemExit(EXIT_CODES["unreachable"])
     if not analysis.ok:
         raise SystemExit(1)
 

@@ -743,6 +743,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+NOTHING_MEASURED = 9  # builder's "could not check" (builder/errors.py)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.stage:
@@ -768,6 +771,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).write_text(text + "\n")
     print(text)
+    if not result.get("cuda"):  # a document all the same: doctor shows why
+        log(
+            f"measured nothing: {result.get('error')}; run it with a python3 that has a CUDA "
+            "build of torch (the server image has one: builder doctor --p2p --image IMAGE)"
+        )
+        return NOTHING_MEASURED
     return 0
 
 
