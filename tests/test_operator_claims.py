@@ -235,7 +235,9 @@ def check_example(line: str) -> str | None:
     try:
         with contextlib.redirect_stderr(errors):
             args = build_parser().parse_args(words)
-    except SystemExit:
+    except SystemExit as done:
+        if done.code == 0:  # --version, --help: answered by the parser itself
+            return None
         return f"argparse: {errors.getvalue().strip().splitlines()[-1]}"
     command = args.command  # not words[0]: `builder -v doctor` names it second
     starts = command in ("launch", "deploy-files") or (
