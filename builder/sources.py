@@ -164,6 +164,20 @@ def _fetch_commit(repo: pygit2.Repository, url: str, commit: str, show: bool, wh
     return _has_commit(repo, commit)
 
 
+def _advertised_commit(repo: pygit2.Repository, url: str, ref: str, what: str) -> str | None:
+    """The commit `ref` points at on the remote now, read from its ref advertisement (what
+    `git ls-remote` prints; no object is fetched); None where it has no such ref."""
+    remote = repo.remotes.create_anonymous(url)
+    try:
+        heads = {head.name: str(head.oid) for head in remote.list_heads(_FetchProgress(None, url))}
+    except pygit2.GitError as exc:
+        raise Unreachable(
+            f"{what}: reading the refs of {redact(url)} failed: {exc} (no access to it from "
+            "here? point it at a mirror with --mirror FROM=TO or BUILDER_MIRRORS)"
+        ) from None
+    return heads.get(f"{ref}^{{}}", heads.get(ref))  # an annotated tag: the commit it names
+
+
 def ensure_commit(
     cache_dir: Path,
     url: str,
@@ -174,23 +188,25 @@ def ensure_commit(
     show: bool = True,
 ) -> Path:
     """The mirror holding `commit`, fetched from `url` (rewritten by `mirrors`) if needed:
-    through `ref` when given (checked to point at `commit`), else the commit alone, else
-    (a server that will not hand it out by id) every branch and tag."""
+    through `ref` when given, else the commit alone, else (a server that will not hand it
+    out by id) every branch and tag. A pinned `ref` is fetched and checked to point at
+    `commit` on every call, the commit cached or not: a tag moved upstream is found on the
+    next run, not only on a cold cache."""
     path = _mirror_path(cache_dir, url)
     repo = _open_or_create_mirror(path)
-    if _has_commit(repo, commit):
-        return path
     effective = mirrors.rewrite(url)
     if ref:
-        _fetch(repo, effective, [f"+{ref}:{ref}"], shallow=True, what=what, show=show)
-        fetched = repo.references.get(ref)
-        if fetched is None:
+        tip = _advertised_commit(repo, effective, ref, what)
+        if tip is None:
             raise BuilderError(f"{what}: {redact(effective)} has no ref {ref}")
-        tip = str(fetched.peel(pygit2.Commit).id)
         if tip != commit:
             raise BuilderError(
                 f"{what}: {ref} at {redact(effective)} is commit {tip}, the pin says {commit}"
             )
+    if _has_commit(repo, commit):
+        return path
+    if ref:
+        _fetch(repo, effective, [f"+{ref}:{ref}"], shallow=True, what=what, show=show)
     elif not _fetch_commit(repo, effective, commit, show, what):
         _fetch(repo, effective, ALL_REFS, shallow=False, what=what, show=show)
     if not _has_commit(repo, commit):
