@@ -61,10 +61,13 @@ def rows(report: Report, shown: Shown = TERMINAL) -> list[tuple[str, str, str, s
             moved = f"{before['version']} (unchanged)"
         else:
             moved = f"{before['version']} -> {shown(after['version'])}"
-        wheel = shown(after["wheel"]) if after["wheel"] else "no wheel"
         agrees = after["wheel_commit"] == after["commit"]
-        names = "the same" if agrees else _short(after["wheel_commit"])
-        source = f"commit {_short(after['commit'])} ({shown(after['ref'])}), {wheel} names {names}"
+        if not after["wheel"]:
+            said = "the index has no released wheel"
+        else:
+            names = "the same" if agrees else _short(after["wheel_commit"])
+            said = f"{shown(after['wheel'])} names {names}"
+        source = f"commit {_short(after['commit'])} ({shown(after['ref'])}), {said}"
         found.append(("pins", "flashinfer", f"{moved} ({source})", OK if agrees else REVIEW))
     for requirement in pins.requirements:
         if requirement["changed"]:

@@ -196,6 +196,12 @@ def test_the_workflow_runs_the_check_the_move_and_the_project_s_tests() -> None:
     assert "builder upstream move" in runs and "push --force" not in runs
     assert "git ls-remote --exit-code --heads origin" in runs  # an existing move is left alone
     assert "scripts/upstream_github.py issue --label upstream-review" in runs
+    # Exit 1 (an index page or wheel refused: the reason in report.md) opens the issue too;
+    # 9 (no answer) and 2 (a bug) fail the run.
+    check = next(step for step in steps if step.get("id") == "check")["run"]
+    assert '[ "$code" -ne 7 ] && [ "$code" -ne 1 ]; then exit "$code"' in check
+    assert 'if [ "$code" -eq 1 ]; then echo "failed=true"' in check
+    assert 'title="upstream: the check for $TARGET failed"' in runs
     test = workflow["jobs"]["test"]
     assert test["needs"] == "check"
     assert test["steps"][-1]["run"].endswith("bash .ci/run")
