@@ -178,6 +178,12 @@ def _advertised_commit(repo: pygit2.Repository, url: str, ref: str, what: str) -
     return heads.get(f"{ref}^{{}}", heads.get(ref))  # an annotated tag: the commit it names
 
 
+def ref_commit(cache_dir: Path, url: str, ref: str, mirrors: Mirrors, what: str) -> str | None:
+    """The commit `ref` names at `url` (rewritten by `mirrors`) now; nothing is fetched."""
+    repo = _open_or_create_mirror(_mirror_path(cache_dir, url))
+    return _advertised_commit(repo, mirrors.rewrite(url), ref, what)
+
+
 def ensure_commit(
     cache_dir: Path,
     url: str,

@@ -37,7 +37,7 @@ from builder.patches import parse_patch_file
 from builder.pipeline import Context
 from builder.remote_wheel import MEMBER_LIMIT, RemoteWheel, open_wheel
 from builder.simple_index import read_project
-from builder.sources import fetch_ref
+from builder.sources import ref_commit
 from builder.target import Fork, Target, available_targets, load_target
 from builder.untrusted import printable
 from builder.urls import redact
@@ -363,17 +363,15 @@ def _flashinfer_wheel(ctx: Context, index: str, version: str, report: Report, ta
 
 
 def _tagged_commit(ctx: Context, fork: Fork, version: str) -> str:
-    """The commit FlashInfer's git tag v`version` points at (fetched at depth 1)."""
+    """The commit FlashInfer's git tag v`version` names on its remote now (read from the ref
+    advertisement, as `git ls-remote`: no tree is fetched)."""
     what = str(fork.directory / "pin.toml")
-    try:
-        commit, _ = fetch_ref(ctx.cache_dir, fork.url, f"refs/tags/v{version}", ctx.mirrors, what)
-    except Unreachable:
-        raise
-    except BuilderError:
+    commit = ref_commit(ctx.cache_dir, fork.url, f"refs/tags/v{version}", ctx.mirrors, what)
+    if commit is None:
         raise BuilderError(
             f"flashinfer {version}: {redact(ctx.mirrors.rewrite(fork.url))} has no tag "
             f"v{version}, so the commit of its released wheel cannot be checked"
-        ) from None
+        )
     return commit
 
 

@@ -676,6 +676,21 @@ def test_a_broken_chunked_answer_is_could_not_check(
 # -- FlashInfer's commit: the git tag's, the wheel must agree -------------------------------
 
 
+def test_a_flashinfer_without_its_tag_is_refused(stand_in: Stack, index: Index, tmp_path: Path):
+    """The release pins FlashInfer 0.7.3 and the index has its wheel, but FlashInfer's git has
+    no tag v0.7.3: the wheel's commit cannot be checked, and is not taken."""
+    wheel = "flashinfer_python-0.7.3-py3-none-any.whl"
+    metadata = "Metadata-Version: 2.1\nName: sglang\nRequires-Dist: flashinfer_python==0.7.3\n"
+    index.release(_sglang_release("0.5.23", metadata))
+    index.page("flashinfer-python", _html_page({wheel: index.flashinfer}))
+    index.file(wheel, Served(index.flashinfer))
+    git = stand_in.mirrors["git"].split("=", 1)[1]
+    assert _refusal(stand_in, tmp_path) == (
+        f"error: flashinfer 0.7.3: {git}flashinfer-ai/flashinfer.git has no tag v0.7.3, so "
+        "the commit of its released wheel cannot be checked"
+    )
+
+
 def test_a_pinned_ref_that_moved_is_found_with_the_commit_cached(tmp_path: Path) -> None:
     """`builder sources` fetched FlashInfer's v0.7.1; upstream moves the tag to another
     commit: the next run refuses, though the pinned commit is in the cache."""
