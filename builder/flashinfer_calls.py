@@ -41,7 +41,8 @@ def file_references(text: str) -> set[str]:
     count too), the module for a bare import that is never used further."""
     try:
         tree = ast.parse(text)
-    except SyntaxError:  # newer syntax than this Python's: the names, by pattern
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # newer syntax than this
+        # Python's, a NUL byte, nesting too deep for its parser: the names, by pattern
         found = set()
         for module, names, dotted in _FALLBACK.findall(text):
             if dotted:

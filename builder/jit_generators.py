@@ -73,6 +73,8 @@ def find_function(read: SourceReader, module: str, name: str) -> ast.FunctionDef
             tree = ast.parse(text)
         except (SyntaxError, ValueError) as exc:  # a release in newer Python than this one
             raise BuilderError(f"{path}: cannot be read by this Python ({exc})") from None
+        except (RecursionError, MemoryError):  # the parser's answer to deep nesting
+            raise BuilderError(f"{path}: nested too deeply to parse") from None
         for node in tree.body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
                 return node  # type: ignore[return-value]

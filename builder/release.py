@@ -25,14 +25,22 @@ from pygit2.enums import FileMode
 from builder import http_client, progress
 from builder.cache import partial_beside, sha256_file
 from builder.errors import BuilderError
+from builder.remote_wheel import read_answer
 from builder.settings import Mirrors
 from builder.simple_index import read_project
 from builder.target import Fork
+from builder.untrusted import has_control, printable
 from builder.urls import redact
+from builder.zip_bounds import END_BYTES, open_archive, read_member
 
 IMPORTER = pygit2.Signature("builder release import", "builder@localhost", 0, 0)
 _TIMEOUT_S = 60
 _DEADLINE_S = 30 * 60  # one release file whole: a slow link's half hour, not a drip's forever
+RELEASE_LIMIT = 2 << 30  # bytes of a release file downloaded: sglang 0.5.23's wheel is 39 MB
+# Bytes of one member imported, and of all of them: sglang 0.5.23's largest (a Rust
+# extension) is 24 MB, all 6,396 make 123 MB.
+IMPORT_MEMBER_LIMIT = 1 << 30
+IMPORT_TOTAL_LIMIT = 8 << 30
 
 
 @contextlib.contextmanager
@@ -44,7 +52,7 @@ def _open(url: str, what: str):
         ) as response:  # fmt: skip
             yield response
     except urllib.error.HTTPError as exc:
-        raise BuilderError(f"{what}: {redact(url)} answered {exc.code}") from None
+        raise BuilderError(f"{what}: {printable(redact(url))} answered {exc.code}") from None
 
 
 def _file_link(index: str, dist: str, filename: str, what: str) -> tuple[str, str | None]:
@@ -82,19 +90,31 @@ def download(
         raise BuilderError(f"{what}: the index gives no sha256 for {filename}: not used")
     url = mirrors.rewrite(link)
     digest = hashlib.sha256()
+    shown = printable(redact(url))
     with partial_beside(path) as partial:
         with progress.task(f"download {filename}") as bar, _open(url, what) as response:
-            total = int(response.headers.get("Content-Length") or 0) or None
-            bar.update(bar.task_ids[0], total=total)
+            declared = (response.headers.get("Content-Length") or "").strip()
+            total = int(declared) if declared.isdigit() else None
+            if total is not None and total > RELEASE_LIMIT:
+                raise BuilderError(
+                    f"{what}: {shown} declares {total:,} bytes, over the "
+                    f"{RELEASE_LIMIT >> 20} MiB builder downloads of a release: not used"
+                )
+            bar.update(bar.task_ids[0], total=total or None)
             with partial.open("wb") as out:
-                for block in iter(lambda: response.read(1 << 20), b""):
+                for block in iter(lambda: read_answer(response, 1 << 20, url, what), b""):
                     digest.update(block)
                     out.write(block)
                     bar.advance(bar.task_ids[0], len(block))
+                    if out.tell() > RELEASE_LIMIT:
+                        raise BuilderError(
+                            f"{what}: {shown} is over the {RELEASE_LIMIT >> 20} MiB builder "
+                            "downloads of a release: not used"
+                        )
         if digest.hexdigest() != expected:
             said = "the pin says" if pinned else "the index says"
             raise BuilderError(
-                f"{what}: {redact(url)} has sha256 {digest.hexdigest()}, {said} {expected} "
+                f"{what}: {shown} has sha256 {digest.hexdigest()}, {said} {expected} "
                 "(a different file under that name: not used)"
             )
     return path, expected
@@ -111,30 +131,63 @@ def onto_filename(fork: Fork, onto: str) -> str:
     return f"{name}-{version}-{tags}"
 
 
-def _member_time(info: zipfile.ZipInfo) -> int:
-    return calendar.timegm((*info.date_time, 0, 0, 0))
+def _member_time(info: zipfile.ZipInfo, where: str) -> int:
+    try:
+        return calendar.timegm((*info.date_time, 0, 0, 0))
+    except ValueError:  # a DOS date of month 0 or 13-15
+        raise BuilderError(
+            f"{where}: member '{printable(info.filename)}' has no valid time {info.date_time}"
+        ) from None
+
+
+def _checked_path(info: zipfile.ZipInfo, where: str) -> str:
+    """A member's name as a path in the commit: relative, inside the archive, no control
+    characters, no `.git`; git itself refuses the rest (an empty part, a `.` part)."""
+    name = info.filename
+    parts = name.split("/")
+    if name.startswith("/") or ".." in parts or "\\" in name or has_control(name):
+        raise BuilderError(f"{where}: member '{printable(name)}' is no path inside the archive")
+    if any(part.lower() == ".git" for part in parts):
+        raise BuilderError(f"{where}: member '{printable(name)}' is inside a .git folder")
+    return name
 
 
 def import_wheel(repo: pygit2.Repository, wheel: Path, sha256: str) -> str:
     """The wheel's files as one parentless commit in `repo`; its SHA depends only on the
-    wheel's bytes (content, modes and member times)."""
+    wheel's bytes (content, modes and member times). Each member is bounded
+    (builder.zip_bounds); what the archive declares in all is too."""
     index = pygit2.Index()
     newest = 0
-    with zipfile.ZipFile(wheel) as archive:
-        for info in archive.infolist():
-            if info.is_dir():
-                continue
-            path = Path(info.filename)
-            if path.is_absolute() or ".." in path.parts:
-                raise BuilderError(f"{wheel.name}: member {info.filename!r} leaves the archive")
-            executable = (info.external_attr >> 16) & 0o111
-            mode = FileMode.BLOB_EXECUTABLE if executable else FileMode.BLOB
-            blob = repo.create_blob(archive.read(info))
-            index.add(pygit2.IndexEntry(info.filename, blob, mode))
-            newest = max(newest, _member_time(info))
+    with wheel.open("rb") as source:
+        source.seek(-min(wheel.stat().st_size, END_BYTES), 2)
+        end = source.read()
+        with open_archive(source, end, wheel.name) as archive:
+            members = [info for info in archive.infolist() if not info.is_dir()]
+            declared = sum(info.file_size for info in members)
+            if declared > IMPORT_TOTAL_LIMIT:
+                raise BuilderError(
+                    f"{wheel.name}: its members declare {declared:,} bytes, over the "
+                    f"{IMPORT_TOTAL_LIMIT >> 30} GiB builder imports: not used"
+                )
+            for info in members:
+                path = _checked_path(info, wheel.name)
+                executable = (info.external_attr >> 16) & 0o111
+                mode = FileMode.BLOB_EXECUTABLE if executable else FileMode.BLOB
+                data = read_member(archive, info, IMPORT_MEMBER_LIMIT, wheel.name)
+                try:
+                    index.add(pygit2.IndexEntry(path, repo.create_blob(data), mode))
+                except (ValueError, pygit2.GitError) as exc:
+                    raise BuilderError(
+                        f"{wheel.name}: member '{printable(path)}' is no path git takes "
+                        f"({printable(exc)})"
+                    ) from None
+                newest = max(newest, _member_time(info, wheel.name))
     tree = index.write_tree(repo)
     when = pygit2.Signature(IMPORTER.name, IMPORTER.email, newest, 0)
-    name, version, _, _ = parse_wheel_filename(wheel.name)
+    try:
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+    except ValueError:
+        raise BuilderError(f"{printable(wheel.name)}: not a wheel's file name") from None
     message = f"{name} {version}: the files of {wheel.name}\n\nsha256 {sha256}\n"
     return str(repo.create_commit(None, when, when, message, tree, []))
 

@@ -7,11 +7,15 @@ asked for (FlashInfer 0.7.2's wheel is 65 MB; its `_build_meta.py` and METADATA 
 read to the end instead, into a temporary file. What is read this way is information for a
 report (a commit, a requirement, a function's signature), not an input to a build: nothing
 is checked against the file's sha256 here, and whatever it names is verified where it is
-used (`builder sources` fetches and checks the commit).
+used (`builder upstream check` holds the commit against FlashInfer's git tag).
+
+Everything the wheel and its server say is bounded (builder.zip_bounds): the file's size,
+its table of contents, each member read (MEMBER_LIMIT, strict UTF-8).
 """
 
 from __future__ import annotations
 
+import http.client
 import io
 import re
 import tempfile
@@ -19,19 +23,22 @@ import urllib.error
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from builder import http_client
-from builder.errors import BuilderError
+from builder.errors import BuilderError, Unreachable
+from builder.untrusted import printable
 from builder.urls import redact
+from builder.zip_bounds import END_BYTES, open_archive, read_member
 
 _TIMEOUT_S = 60
-# The first request may be answered with the whole file (no ranges): up to _WHOLE_LIMIT at
+_BLOCK = 1 << 18  # later reads, in blocks: a member's header and data take one request
+WHEEL_LIMIT = 2 << 30  # bytes of a wheel, read by ranges or whole: FlashInfer's is 65 MB
+MEMBER_LIMIT = 4 << 20  # bytes of one member read: FlashInfer 0.7.2's largest module is 1.2 MB
+_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+# The first request may be answered with the whole file (no ranges): up to WHEEL_LIMIT at
 # about 1.2 MB/s. A range request has http_client's deadline (10 reads' timeouts).
 _WHOLE_DEADLINE_S = 30 * 60
-_TAIL = 1 << 16  # the first request: the end of the file (the zip's table of contents)
-_BLOCK = 1 << 18  # later reads, in blocks: a member's header and data take one request
-_WHOLE_LIMIT = 2 << 30  # a wheel read whole (no ranges): FlashInfer's is 65 MB
-_TOTAL = re.compile(r"bytes \d+-\d+/(\d+)")
 
 
 @contextmanager
@@ -43,7 +50,20 @@ def _get(url: str, what: str, byte_range: str | None, deadline: float | None = N
         ) as response:
             yield response
     except urllib.error.HTTPError as exc:
-        raise BuilderError(f"{what}: {redact(url)} answered {exc.code} {exc.reason}") from None
+        raise BuilderError(
+            f"{what}: {printable(redact(url))} answered {exc.code} {printable(exc.reason)}"
+        ) from None
+
+
+def read_answer(response, size: int, url: str, what: str) -> bytes:
+    """Up to `size` bytes of an answer's body; a connection that breaks off or a body that
+    is not HTTP (a broken chunk) is Unreachable, with the URL, not an internal error."""
+    try:
+        return response.read(size)
+    except (OSError, http.client.HTTPException, ValueError) as exc:  # a chunk size no number
+        raise Unreachable(
+            f"{what}: {printable(redact(url))} broke off its answer ({printable(exc)})"
+        ) from None
 
 
 class _Ranges(io.RawIOBase):
@@ -79,8 +99,11 @@ class _Ranges(io.RawIOBase):
         else:
             with _get(self.url, self.what, f"{self.position}-{end - 1}") as response:
                 if response.status != 206:
-                    raise BuilderError(f"{self.what}: {redact(self.url)} stopped serving ranges")
-                data = response.read(end - self.position)  # a server's extra bytes: not read
+                    raise BuilderError(
+                        f"{self.what}: {printable(redact(self.url))} stopped serving ranges"
+                    )
+                # a server's extra bytes: not read
+                data = read_answer(response, end - self.position, self.url, self.what)
             self.requested += len(data)
         if not data:
             return 0
@@ -89,44 +112,91 @@ class _Ranges(io.RawIOBase):
         return len(data)
 
 
-@contextmanager
-def open_wheel(url: str, what: str) -> Iterator[zipfile.ZipFile]:
-    """The wheel at `url` as a ZipFile whose members are fetched as they are read."""
-    with _get(url, what, f"-{_TAIL}", _WHOLE_DEADLINE_S) as response:
-        total = _TOTAL.match(response.headers.get("Content-Range", ""))
-        if response.status == 206 and total:
-            tail = response.read(_TAIL)
-            ranges = _Ranges(url, what, int(total.group(1)), tail)
-            ranges.requested = len(tail)
-            source: io.IOBase = io.BufferedReader(ranges, _BLOCK)
-        elif response.status == 206:
-            raise BuilderError(f"{what}: {redact(url)} answered a range without the file's size")
-        else:  # no ranges here: the whole file, once
-            spooled = tempfile.TemporaryFile(prefix="builder-wheel-")  # noqa: SIM115
-            for block in iter(lambda: response.read(1 << 20), b""):
-                spooled.write(block)
-                if spooled.tell() > _WHOLE_LIMIT:
-                    spooled.close()
-                    raise BuilderError(
-                        f"{what}: {redact(url)} serves no ranges and is over "
-                        f"{_WHOLE_LIMIT >> 20} MiB: not read"
-                    )
-            spooled.seek(0)
-            source = spooled  # closed below, with the archive
-    try:
+@dataclass
+class RemoteWheel:
+    """A wheel's members by name, each read within MEMBER_LIMIT as UTF-8 text."""
+
+    archive: zipfile.ZipFile
+    where: str  # "flashinfer-python 0.7.2: URL", for errors
+
+    @property
+    def names(self) -> list[str]:
+        return self.archive.namelist()
+
+    def text(self, name: str) -> str | None:
+        """A member's text, or None when the wheel has no such file."""
         try:
-            archive = zipfile.ZipFile(source)
-        except zipfile.BadZipFile as exc:
-            raise BuilderError(f"{what}: {redact(url)} is not a wheel ({exc})") from None
-        with archive:
-            yield archive
+            info = self.archive.getinfo(name)
+        except KeyError:
+            return None
+        data = read_member(self.archive, info, MEMBER_LIMIT, self.where)
+        try:
+            return data.decode()
+        except UnicodeDecodeError as exc:
+            raise BuilderError(
+                f"{self.where}: {printable(name)} is not UTF-8 (byte {exc.start})"
+            ) from None
+
+
+def _ranged(response, url: str, what: str) -> tuple[io.IOBase, bytes]:
+    """The file behind a 206 answer to `bytes=-END_BYTES`: (a seekable reader, its end)."""
+    shown = printable(redact(url))
+    answered = _RANGE.fullmatch(response.headers.get("Content-Range", "").strip())
+    if answered is None:
+        raise BuilderError(f"{what}: {shown} answered a range without the file's size")
+    first, last, size = (int(n) for n in answered.groups())
+    if size > WHEEL_LIMIT:
+        raise BuilderError(
+            f"{what}: {shown} is {size:,} bytes, over the {WHEEL_LIMIT >> 20} MiB builder reads"
+        )
+    tail = read_answer(response, END_BYTES, url, what)
+    if last != size - 1 or last - first + 1 != len(tail):
+        raise BuilderError(
+            f"{what}: {shown} answered bytes {first}-{last} of {size} with {len(tail)} "
+            f"bytes for the file's last {END_BYTES}"
+        )
+    ranges = _Ranges(url, what, size, tail)
+    ranges.requested = len(tail)
+    return io.BufferedReader(ranges, _BLOCK), tail
+
+
+def _whole(response, url: str, what: str) -> tuple[io.IOBase, bytes]:
+    """The file of a 200 answer, spooled to a temporary file: (it, its end)."""
+    declared = (response.headers.get("Content-Length") or "").strip()
+    if declared.isdigit() and int(declared) > WHEEL_LIMIT:
+        raise BuilderError(
+            f"{what}: {printable(redact(url))} declares {int(declared):,} bytes, over the "
+            f"{WHEEL_LIMIT >> 20} MiB builder reads: not read"
+        )
+    spooled = tempfile.TemporaryFile(prefix="builder-wheel-")  # noqa: SIM115
+    try:
+        for block in iter(lambda: read_answer(response, 1 << 20, url, what), b""):
+            spooled.write(block)
+            if spooled.tell() > WHEEL_LIMIT:
+                raise BuilderError(
+                    f"{what}: {printable(redact(url))} serves no ranges and is over "
+                    f"{WHEEL_LIMIT >> 20} MiB: not read"
+                )
+        spooled.seek(-min(spooled.tell(), END_BYTES), io.SEEK_END)
+        end = spooled.read()
+        spooled.seek(0)
+    except BaseException:
+        spooled.close()
+        raise
+    return spooled, end
+
+
+@contextmanager
+def open_wheel(url: str, what: str) -> Iterator[RemoteWheel]:
+    """The wheel at `url`, its members fetched as they are read."""
+    with _get(url, what, f"-{END_BYTES}", _WHOLE_DEADLINE_S) as response:
+        if response.status == 206:
+            source, end = _ranged(response, url, what)
+        else:  # no ranges here: the whole file, once
+            source, end = _whole(response, url, what)
+    where = f"{what}: {printable(redact(url))}"
+    try:
+        with open_archive(source, end, where) as archive:
+            yield RemoteWheel(archive, where)
     finally:
         source.close()
-
-
-def read_member(archive: zipfile.ZipFile, name: str) -> str | None:
-    """A member's text, or None when the wheel has no such file."""
-    try:
-        return archive.read(name).decode("utf-8", errors="replace")
-    except KeyError:
-        return None

@@ -195,6 +195,8 @@ class _Tree:
                 self._ast[module] = ast.parse(self.files.read(path), path)
             except (SyntaxError, ValueError) as exc:  # newer Python than this builder's
                 raise ExtractionError(f"{path}: cannot be parsed by this Python ({exc})") from None
+            except (RecursionError, MemoryError):  # the parser's answer to deep nesting
+                raise ExtractionError(f"{path}: nested too deeply to parse") from None
         return self._ast[module]
 
     def is_internal(self, module: str) -> bool:

@@ -176,6 +176,27 @@ def _fetch_commit(repo: pygit2.Repository, url: str, commit: str, show: bool, wh
     return _has_commit(repo, commit)
 
 
+def _advertised_commit(repo: pygit2.Repository, url: str, ref: str, what: str) -> str | None:
+    """The commit `ref` points at on the remote now, read from its ref advertisement (what
+    `git ls-remote` prints; no object is fetched); None where it has no such ref."""
+    remote = repo.remotes.create_anonymous(url)
+    try:
+        answer = remote.list_heads(_FetchProgress(None, url, what))
+        heads = {head.name: str(head.oid) for head in answer}
+    except pygit2.GitError as exc:
+        raise Unreachable(
+            f"{what}: reading the refs of {redact(url)} failed: {exc} (no access to it from "
+            "here? point it at a mirror with --mirror FROM=TO or BUILDER_MIRRORS)"
+        ) from None
+    return heads.get(f"{ref}^{{}}", heads.get(ref))  # an annotated tag: the commit it names
+
+
+def ref_commit(cache_dir: Path, url: str, ref: str, mirrors: Mirrors, what: str) -> str | None:
+    """The commit `ref` names at `url` (rewritten by `mirrors`) now; nothing is fetched."""
+    repo = _open_or_create_mirror(_mirror_path(cache_dir, url))
+    return _advertised_commit(repo, mirrors.rewrite(url), ref, what)
+
+
 def ensure_commit(
     cache_dir: Path,
     url: str,
@@ -186,23 +207,35 @@ def ensure_commit(
     show: bool = True,
 ) -> Path:
     """The mirror holding `commit`, fetched from `url` (rewritten by `mirrors`) if needed:
-    through `ref` when given (checked to point at `commit`), else the commit alone, else
-    (a server that will not hand it out by id) every branch and tag."""
+    through `ref` when given, else the commit alone, else (a server that will not hand it
+    out by id) every branch and tag. A pinned `ref` is read from the remote and checked to
+    point at `commit` on every call, the commit cached or not: a tag moved upstream is found
+    on the next run, not only on a cold cache. Where the remote cannot be reached and the
+    commit is cached, that is a warning: an offline rebuild still builds the pinned commit."""
     path = _mirror_path(cache_dir, url)
     repo = _open_or_create_mirror(path)
-    if _has_commit(repo, commit):
-        return path
     effective = mirrors.rewrite(url)
+    cached = _has_commit(repo, commit)
     if ref:
-        _fetch(repo, effective, [f"+{ref}:{ref}"], shallow=True, what=what, show=show)
-        fetched = repo.references.get(ref)
-        if fetched is None:
+        try:
+            tip = _advertised_commit(repo, effective, ref, what)
+        except Unreachable as exc:
+            if not cached:
+                raise
+            # Offline with the pinned commit at hand: the commit is what is verified; the
+            # ref only tells whether upstream moved it, which the next connected run says.
+            progress.warn(f"{exc}; building the pinned commit from the cache, {ref} unchecked")
+            return path
+        if tip is None:
             raise BuilderError(f"{what}: {redact(effective)} has no ref {ref}")
-        tip = str(fetched.peel(pygit2.Commit).id)
         if tip != commit:
             raise BuilderError(
                 f"{what}: {ref} at {redact(effective)} is commit {tip}, the pin says {commit}"
             )
+    if cached:
+        return path
+    if ref:
+        _fetch(repo, effective, [f"+{ref}:{ref}"], shallow=True, what=what, show=show)
     elif not _fetch_commit(repo, effective, commit, show, what):
         _fetch(repo, effective, ALL_REFS, shallow=False, what=what, show=show)
     if not _has_commit(repo, commit):

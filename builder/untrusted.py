@@ -30,3 +30,9 @@ def markdown_inert(text: object, limit: int = SHOWN_MAX) -> str:
 def _escape(match: re.Match[str]) -> str:
     code = ord(match.group(0))
     return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def has_control(text: str) -> bool:
+    """Whether `text` holds a character `printable` would escape: no file name or URL an
+    index gives is taken with one."""
+    return _CONTROL.search(text) is not None

@@ -35,9 +35,11 @@ from builder import series as series_module
 from builder.errors import BuilderError, Unreachable
 from builder.patches import parse_patch_file
 from builder.pipeline import Context
-from builder.remote_wheel import open_wheel, read_member
+from builder.remote_wheel import MEMBER_LIMIT, RemoteWheel, open_wheel
 from builder.simple_index import read_project
+from builder.sources import ref_commit
 from builder.target import Fork, Target, available_targets, load_target
+from builder.untrusted import printable
 from builder.urls import redact
 
 SGLANG = "sglang"
@@ -127,21 +129,29 @@ def _pre(version: Version) -> bool:
 
 
 def newer_releases(fork: Fork, index: str) -> list[Release]:
-    """The index's releases of the pinned file's kind (same Python, ABI, platform), newer
-    than the pin, final releases only, oldest first."""
+    """The index's releases of the pinned file's kind (the project's own name, no build tag,
+    the same Python, ABI and platform), newer than the pin, final releases only, oldest
+    first. Two files of one release are refused: which one would be taken is not clear."""
     assert fork.release is not None
     _, pinned, _, tags = parse_wheel_filename(fork.release.filename)
-    found = []
+    project = canonicalize_name(fork.wheel.dist_name)
+    found: dict[Version, Release] = {}
     for name, entry in read_project(index, fork.wheel.dist_name).items():
         if not name.endswith(".whl"):
             continue
         try:
-            _, version, _, file_tags = parse_wheel_filename(name)
-        except ValueError:
+            dist, version, build, file_tags = parse_wheel_filename(name)
+        except ValueError:  # not a wheel's name, or its version is none
             continue
-        if file_tags == tags and version > pinned and not _pre(version):
-            found.append((version, Release(str(version), name, entry.url, entry.sha256)))
-    return [release for _, release in sorted(found, key=lambda pair: pair[0])]
+        if dist != project or build or file_tags != tags or version <= pinned or _pre(version):
+            continue
+        if version in found:
+            raise BuilderError(
+                f"index {redact(index)}: offers two files of {project} {version} for the pinned "
+                f"Python and platform ({found[version].filename}, {name}): not clear which"
+            )
+        found[version] = Release(str(version), name, entry.url, entry.sha256)
+    return [found[version] for version in sorted(found)]
 
 
 def parse_to(text: str) -> str:
@@ -161,15 +171,43 @@ def _metadata(repo: pygit2.Repository, commit: str, what: str) -> str:
     infos = [entry.name for entry in tree if entry.name.endswith(".dist-info")]
     if len(infos) != 1 or "METADATA" not in tree[infos[0]].peel(pygit2.Tree):
         raise BuilderError(f"{what}: no single .dist-info/METADATA")
-    return repo.get(tree[infos[0]].peel(pygit2.Tree)["METADATA"].id).data.decode()
+    data = repo.get(tree[infos[0]].peel(pygit2.Tree)["METADATA"].id).data
+    if len(data) > MEMBER_LIMIT:
+        raise BuilderError(f"{what}: its METADATA is over {MEMBER_LIMIT:,} bytes")
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise BuilderError(f"{what}: its METADATA is not UTF-8 (byte {exc.start})") from None
+
+
+def _requirements(metadata: str, what: str) -> list[Requirement]:
+    """The Requires-Dist lines of a METADATA from the index; one that is no requirement is
+    refused with the parser's first line (its others draw a caret under the line)."""
+    try:
+        return lock.metadata_requirements(metadata)
+    except InvalidRequirement as exc:
+        reason = printable(str(exc).splitlines()[0] if str(exc) else "")
+        raise BuilderError(
+            f"{what}: METADATA has a Requires-Dist that is no requirement ({reason})"
+        ) from None
+    except RecursionError:  # a marker of a thousand parentheses
+        raise BuilderError(f"{what}: METADATA has a Requires-Dist nested too deeply") from None
+
+
+def _is_version(text: str) -> bool:
+    try:
+        Version(text)
+    except InvalidVersion:  # a wildcard (0.7.*): no pin
+        return False
+    return True
 
 
 def _pinned_versions(requirements: list[Requirement]) -> dict[str, str]:
-    """{name: version} of the `==` pins among a distribution's requirements."""
+    """{name: version} of the `==` pins to one version among a distribution's requirements."""
     pins = {}
     for requirement in requirements:
         exact = [s.version for s in requirement.specifier if s.operator == "=="]
-        if len(exact) == 1:
+        if len(exact) == 1 and _is_version(exact[0]):
             pins[canonicalize_name(requirement.name)] = exact[0]
     return pins
 
@@ -286,8 +324,17 @@ def sharing_targets(data_dir: Path, target: Target) -> list[Target]:
 class FlashInferRelease:
     version: str
     filename: str
-    commit: str | None
+    commit: str | None  # what its _build_meta.py names: checked against the git tag
     requirements: list[Requirement]
+
+
+def _wheel_metadata(wheel: RemoteWheel) -> str:
+    """The text of the wheel's one top-level .dist-info/METADATA."""
+    found = [n for n in wheel.names if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+    if len(found) != 1:
+        count = "no" if not found else f"{len(found)}"
+        raise BuilderError(f"{wheel.where}: {count} .dist-info/METADATA: not a wheel")
+    return wheel.text(found[0]) or ""
 
 
 def _flashinfer_wheel(ctx: Context, index: str, version: str, report: Report, target: Target):
@@ -302,21 +349,30 @@ def _flashinfer_wheel(ctx: Context, index: str, version: str, report: Report, ta
         return None
     with (
         progress.task(f"read {wanted} (its commit, requirements and JIT generators)"),
-        open_wheel(ctx.mirrors.rewrite(entry.url), what) as archive,
+        open_wheel(ctx.mirrors.rewrite(entry.url), what) as wheel,
     ):
-        meta = read_member(archive, "flashinfer/_build_meta.py") or ""
-        found = _META_COMMIT.search(meta)
-        info = next((n for n in archive.namelist() if n.endswith(".dist-info/METADATA")), "")
-        requires = lock.metadata_requirements(read_member(archive, info) or "") if info else []
-        names = set(archive.namelist())
-
-        def read(path: str) -> str | None:
-            return read_member(archive, path) if path in names else None
-
-        report.generators = jit_generators.check_generators(target.jit_modules, read)
+        found = _META_COMMIT.search(wheel.text("flashinfer/_build_meta.py") or "")
+        requires = _requirements(_wheel_metadata(wheel), wheel.where)
+        try:
+            report.generators = jit_generators.check_generators(target.jit_modules, wheel.text)
+        except BuilderError as exc:  # a module of the wheel: named with the wheel's URL
+            raise type(exc)(f"{wheel.where}: {exc}") from None
     if found is None:
         report.review.append(f"{wanted}: flashinfer/_build_meta.py names no commit")
     return FlashInferRelease(version, wanted, found.group(1) if found else None, requires)
+
+
+def _tagged_commit(ctx: Context, fork: Fork, version: str) -> str:
+    """The commit FlashInfer's git tag v`version` names on its remote now (read from the ref
+    advertisement, as `git ls-remote`: no tree is fetched)."""
+    what = str(fork.directory / "pin.toml")
+    commit = ref_commit(ctx.cache_dir, fork.url, f"refs/tags/v{version}", ctx.mirrors, what)
+    if commit is None:
+        raise BuilderError(
+            f"flashinfer {version}: {redact(ctx.mirrors.rewrite(fork.url))} has no tag "
+            f"v{version}, so the commit of its released wheel cannot be checked"
+        )
+    return commit
 
 
 def _flashinfer(ctx: Context, index: str, version: str | None, report: Report) -> dict:
@@ -329,39 +385,46 @@ def _flashinfer(ctx: Context, index: str, version: str | None, report: Report) -
         report.review.append("the release pins no flashinfer_python version with ==")
         return {"from": {"version": fork.version, "commit": fork.commit}, "to": None}
     wheel = _flashinfer_wheel(ctx, index, version, report, ctx.target)
-    commit = wheel.commit if wheel else None
+    built_from = wheel.commit if wheel else None
+    report.flashinfer_requirements = wheel.requirements if wheel else []
+    to = {
+        "version": version,
+        "commit": fork.commit,  # the pin's, while the version stays; else the tag's
+        "ref": fork.ref if version == fork.version else f"refs/tags/v{version}",
+        "wheel": wheel.filename if wheel else None,
+        "wheel_commit": built_from,
+    }
     pins = {
         "from": {"version": fork.version, "commit": fork.commit, "ref": fork.ref},
-        "to": {
-            "version": version,
-            "commit": commit,
-            "ref": fork.ref if version == fork.version else f"refs/tags/v{version}",
-            "wheel": wheel.filename if wheel else None,
-        },
+        "to": to,
         "changes": version != fork.version,
     }
-    report.flashinfer_requirements = wheel.requirements if wheel else []
     if version == fork.version:
-        if commit and commit != fork.commit:
+        if built_from and built_from != fork.commit:
             report.review.append(
-                f"flashinfer {version}: the released wheel was built from {commit[:12]}, "
+                f"flashinfer {version}: the released wheel was built from {built_from[:12]}, "
                 f"the pin says {fork.commit[:12]}"
             )
         report.series[FLASHINFER] = {"skipped": f"flashinfer stays at {version}"}
         return pins
+    # The new commit is the git tag's: the wheel's _build_meta.py, which the index serves,
+    # only has to agree with it.
     patches = fork.patch_files(use.series)
-    if not patches:
+    if patches:
+        with progress.task(f"check the flashinfer series onto v{version}", announce=False):
+            checked = series_module.check(
+                ctx.cache_dir, ctx.target.name, fork, use.series, ctx.mirrors, f"v{version}"
+            )
+        report.series[FLASHINFER] = checked.to_json()
+        to["commit"] = checked.onto_commit
+    else:
+        with progress.task(f"read flashinfer's tag v{version}", announce=False):
+            to["commit"] = _tagged_commit(ctx, fork, version)
         report.series[FLASHINFER] = {"skipped": f"series {use.series} has no patches"}
-        return pins
-    with progress.task(f"check the flashinfer series onto v{version}", announce=False):
-        checked = series_module.check(
-            ctx.cache_dir, ctx.target.name, fork, use.series, ctx.mirrors, f"v{version}"
-        )
-    report.series[FLASHINFER] = checked.to_json()
-    if commit and checked.onto_commit != commit:
+    if built_from and built_from != to["commit"]:
         report.review.append(
-            f"flashinfer v{version} is commit {checked.onto_commit[:12]}, its released wheel "
-            f"was built from {commit[:12]}"
+            f"flashinfer v{version} is commit {to['commit'][:12]}, its released wheel "
+            f"names {built_from[:12]}"
         )
     return pins
 
@@ -418,7 +481,11 @@ def _lock_dry_run(ctx: Context, requirements: list[str], requires: dict, report:
 
 def _parser(package: _GitPackage, what: str) -> tuple[dict, set[str]]:
     with progress.task(f"read {what}'s argument parser", announce=False):
-        return sglang_parser.server_flags(package), set(sglang_parser.server_args_fields(package))
+        try:
+            flags = sglang_parser.server_flags(package)
+            return flags, set(sglang_parser.server_args_fields(package))
+        except RecursionError:  # expressions nested deeper than the evaluator follows
+            raise BuilderError("its expressions are nested too deeply to follow") from None
 
 
 def check(ctx: Context, to: str | None = None, run_lock: bool = True) -> Report:
@@ -447,7 +514,7 @@ def check(ctx: Context, to: str | None = None, run_lock: bool = True) -> Report:
         report.review.append(f"{chosen.filename}: the index gives no sha256")
 
     repo, onto_commit, _ = series_module.prepare(
-        ctx.cache_dir, target.name, fork, ctx.mirrors, chosen.version
+        ctx.cache_dir, target.name, fork, ctx.mirrors, chosen.filename
     )
     patches = [parse_patch_file(p) for p in fork.patch_files(series_name)]
     with progress.task(f"check the sglang series onto {chosen.version}", announce=False):
@@ -459,7 +526,7 @@ def check(ctx: Context, to: str | None = None, run_lock: bool = True) -> Report:
         if patch.status == "conflict":
             report.review.append(f"sglang patch {patch.patch.path.name} conflicts")
 
-    new_requires = lock.metadata_requirements(_metadata(repo, onto_commit, chosen.filename))
+    new_requires = _requirements(_metadata(repo, onto_commit, chosen.filename), chosen.filename)
     new_pins = _pinned_versions(new_requires)
     flashinfer_version = new_pins.get(canonicalize_name(FLASHINFER_DIST))
     flashinfer = _flashinfer(ctx, index, flashinfer_version, report)

@@ -81,12 +81,13 @@ def _refuse_uncommitted(repo: pygit2.Repository, data_dir: Path) -> None:
 
 
 def _refusal(report: Report, target: str) -> str:
-    """One line: why the move is refused, and what to do."""
+    """One line: why the move is refused, and what to do (outside text shown printable)."""
+    shown = upstream_view.TERMINAL
     for upstream_name, checked in report.series.items():
         for patch in checked.get("patches", []):
             if patch["status"] == "conflict":
-                onto = checked["onto"]
-                files = ", ".join(patch["conflicts"]) or "its files"
+                onto = shown(checked["onto"])
+                files = ", ".join(shown(f) for f in patch["conflicts"]) or "its files"
                 return (
                     f"{upstream_name} patch {patch['patch']} conflicts with {onto} in {files}: "
                     f"run `builder patches refresh --target {target} --upstream {upstream_name} "
@@ -95,12 +96,13 @@ def _refusal(report: Report, target: str) -> str:
                 )
     for profile in report.profiles:
         if profile.problems:
+            problem = shown(profile.problems[0])
             return (
-                f"profile {profile.profile} of {profile.target}: {profile.problems[0]}: edit "
+                f"profile {profile.profile} of {profile.target}: {problem}: edit "
                 f"images/{profile.target}/profiles.toml for the new release, then move again"
             )
     more = f" (and {len(report.review) - 1} more: see the report)" if len(report.review) > 1 else ""
-    return f"needs review: {report.review[0]}{more}"
+    return f"needs review: {shown(report.review[0])}{more}"
 
 
 def _copy_data(data_dir: Path, into: Path) -> Path:
@@ -382,7 +384,7 @@ def _move_in_copy(
     use = target.upstreams[SGLANG]
     with progress.task(f"move the sglang series onto {report.release.version}"):
         _, written = series_module.refresh(
-            ctx.cache_dir, name, use.fork, use.series, ctx.mirrors, report.release.version
+            ctx.cache_dir, name, use.fork, use.series, ctx.mirrors, report.release.filename
         )
     if written is None:
         raise BuilderError(

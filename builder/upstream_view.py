@@ -1,30 +1,46 @@
 """An upstream check's report as rows: one table on the terminal (rich), the same rows as
 Markdown for a pull request or an issue (the weekly workflow), and the lines a move's
-commit message is made of."""
+commit message is made of.
+
+Text that came from outside (the index's file names, what sglang's and FlashInfer's code
+says: a choice, a file, a name; uv's answer) goes through `shown`: `printable` on the
+terminal and in the commit message, `markdown_inert` in the Markdown, so that none of it
+moves a cursor, rewrites a line or becomes a link."""
 
 from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from functools import partial
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from builder.untrusted import markdown_inert, printable
 from builder.upstream import Report
+from builder.urls import scrub
 
 OK, REVIEW, INFO = "ok", "review", "info"
 _STYLE = {OK: "green", REVIEW: "bold red", INFO: "dim"}
+SHOWN_LIMIT = 1000  # characters of one outside string in a cell or a line (uv's error)
+Shown = Callable[[str], str]
+TERMINAL: Shown = partial(printable, limit=SHOWN_LIMIT)
+MARKDOWN: Shown = partial(markdown_inert, limit=SHOWN_LIMIT)
 
 
 def _short(commit: str | None) -> str:
     return commit[:12] if commit else "unknown"
 
 
-def _files(files: list[str]) -> str:
-    shown = ", ".join(files[:2])
-    return shown + (f" (+{len(files) - 2} more)" if len(files) > 2 else "")
+def _files(files: list[str], shown: Shown) -> str:
+    listed = ", ".join(shown(f) for f in files[:2])
+    return listed + (f" (+{len(files) - 2} more)" if len(files) > 2 else "")
 
 
-def rows(report: Report) -> list[tuple[str, str, str, str]]:
-    """(section, item, result, verdict) in the order a reviewer reads them."""
+def rows(report: Report, shown: Shown = TERMINAL) -> list[tuple[str, str, str, str]]:
+    """(section, item, result, verdict) in the order a reviewer reads them, outside text
+    through `shown`."""
     found: list[tuple[str, str, str, str]] = []
     if report.release is None:
         found.append(("pins", "sglang", f"{report.pinned} is the newest release", OK))
@@ -34,9 +50,9 @@ def rows(report: Report) -> list[tuple[str, str, str, str]]:
     sglang = pins.sglang
     found.append(
         ("pins", "sglang",
-         f"{sglang['from']['version']} -> {sglang['to']['version']} ({sglang['to']['ref']}, "
-         f"sha256 {(sglang['to']['sha256'] or 'none')[:12]}, commit "
-         f"{_short(sglang['to']['commit'])})", OK if sglang["to"]["sha256"] else REVIEW)
+         f"{sglang['from']['version']} -> {shown(sglang['to']['version'])} "
+         f"({shown(sglang['to']['ref'])}, sha256 {shown((sglang['to']['sha256'] or 'none')[:12])}"
+         f", commit {_short(sglang['to']['commit'])})", OK if sglang["to"]["sha256"] else REVIEW)
     )  # fmt: skip
     flashinfer = pins.flashinfer
     if flashinfer.get("to"):
@@ -44,20 +60,25 @@ def rows(report: Report) -> list[tuple[str, str, str, str]]:
         if before["version"] == after["version"]:
             moved = f"{before['version']} (unchanged)"
         else:
-            moved = f"{before['version']} -> {after['version']}"
-        source = f"commit {_short(after['commit'])}, read from {after['wheel'] or 'no wheel'}"
-        found.append(
-            ("pins", "flashinfer", f"{moved} ({source})", OK if after["commit"] else REVIEW)
-        )
+            moved = f"{before['version']} -> {shown(after['version'])}"
+        agrees = after["wheel_commit"] == after["commit"]
+        if not after["wheel"]:
+            said = "the index has no released wheel"
+        else:
+            names = "the same" if agrees else _short(after["wheel_commit"])
+            said = f"{shown(after['wheel'])} names {names}"
+        source = f"commit {_short(after['commit'])} ({shown(after['ref'])}), {said}"
+        found.append(("pins", "flashinfer", f"{moved} ({source})", OK if agrees else REVIEW))
     for requirement in pins.requirements:
         if requirement["changed"]:
             found.append(
-                ("pins", requirement["name"], f"{requirement['from']} -> {requirement['to']}", OK)
-            )
+                ("pins", requirement["name"],
+                 f"{requirement['from']} -> {shown(requirement['to'])}", OK)
+            )  # fmt: skip
         else:
             found.append(("pins", requirement["name"], f"{requirement['from']} (unchanged)", INFO))
     cuda = pins.cuda
-    stated = ", ".join(cuda["stated"]) or "none stated"
+    stated = ", ".join(shown(c) for c in cuda["stated"]) or "none stated"
     found.append(
         ("pins", "CUDA", f"{stated}; target {cuda['target']}", OK if cuda["ok"] else REVIEW)
     )
@@ -73,8 +94,8 @@ def rows(report: Report) -> list[tuple[str, str, str, str]]:
                      "upstream": "already upstream: dropped", "conflict": "conflicts"}  # fmt: skip
             detail = "; ".join(
                 [
-                    *patch["details"],
-                    *(f"{f}: {', '.join(h)}" for f, h in patch["conflicts"].items()),
+                    *(shown(d) for d in patch["details"]),
+                    *(f"{shown(f)}: {shown(', '.join(h))}" for f, h in patch["conflicts"].items()),
                 ]
             )
             text = words[patch["status"]] + (f" ({detail})" if detail else "")
@@ -82,28 +103,35 @@ def rows(report: Report) -> list[tuple[str, str, str, str]]:
     for profile in report.profiles:
         name = f"{profile.target} {profile.profile}"
         for problem in profile.problems:
-            found.append(("profiles", name, problem, REVIEW))
+            found.append(("profiles", name, shown(problem), REVIEW))
         if not profile.problems:
             found.append(("profiles", name, f"{len(profile.flags)} flags all accepted", OK))
         for change in profile.changed:
-            found.append(("profiles", name, f"changed: {change}", INFO))
+            found.append(("profiles", name, f"changed: {shown(change)}", INFO))
     for generator in report.generators:
         verdict = OK if generator.status == "present" else REVIEW
-        text = generator.status + (f": {generator.detail}" if generator.detail else "")
+        text = generator.status + (f": {shown(generator.detail)}" if generator.detail else "")
         found.append(("jit", generator.generator, text, verdict))
     if report.call_sites is not None:
-        for name, files in report.call_sites.added.items():
-            found.append(("jit", "sglang uses (new)", f"{name} in {_files(files)}", INFO))
-        for name, files in report.call_sites.removed.items():
-            found.append(("jit", "sglang no longer uses", f"{name} (was in {_files(files)})", INFO))
+        calls = report.call_sites
+        for name, files in calls.added.items():
+            found.append(
+                ("jit", "sglang uses (new)", f"{shown(name)} in {_files(files, shown)}", INFO)
+            )
+        for name, files in calls.removed.items():
+            found.append(
+                ("jit", "sglang no longer uses",
+                 f"{shown(name)} (was in {_files(files, shown)})", INFO)
+            )  # fmt: skip
         if not report.call_sites.added and not report.call_sites.removed:
             found.append(("jit", "sglang's FlashInfer calls", "the same names as before", OK))
     lock = report.lock
     verdict = {"resolves": OK, "fails": REVIEW}.get(lock["status"], INFO)
-    detail = lock.get("detail", "")
+    detail = shown(lock.get("detail", ""))
     changed = lock.get("changed") or []
     if changed:
-        detail += f"; changed: {', '.join(changed[:12])}" + (" ..." if len(changed) > 12 else "")
+        listed = ", ".join(shown(c) for c in changed[:12])
+        detail += f"; changed: {listed}" + (" ..." if len(changed) > 12 else "")
     found.append(("lock", "runtime lock", f"{lock['status']}: {detail}", verdict))
     return found
 
@@ -130,19 +158,31 @@ def print_table(report: Report, console: Console | None = None) -> None:
     console.print(table)
 
 
+_UNESCAPED_PIPE = re.compile(r"(?<!\\)\|")
+
+
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """A table cell: a pipe of builder's own text escaped (outside text's are already)."""
+    return _UNESCAPED_PIPE.sub(r"\\|", text).replace("\n", " ")
 
 
 def markdown(report: Report) -> str:
     """The report for a pull request's or an issue's body."""
     lines = [f"**{_cell(headline(report))}**", ""]
     if report.review:
-        lines += ["Needs review:", ""] + [f"- {_cell(r)}" for r in report.review] + [""]
+        lines += ["Needs review:", ""] + [f"- {MARKDOWN(r)}" for r in report.review] + [""]
     lines += ["| check | item | result | |", "|---|---|---|---|"]
-    lines += [f"| {s} | {_cell(i)} | {_cell(r)} | {v} |" for s, i, r, v in rows(report)]
+    lines += [f"| {s} | {_cell(i)} | {_cell(r)} | {v} |" for s, i, r, v in rows(report, MARKDOWN)]
     lines += ["", "Made by `builder upstream check`."]
     return "\n".join(lines) + "\n"
+
+
+def failure_markdown(target: str, error: Exception) -> str:
+    """The Markdown of a check that failed with a reason (a refused index page or wheel)."""
+    return (
+        f"**{target}: upstream check failed**\n\n{MARKDOWN(scrub(str(error)))}\n\n"
+        "Made by `builder upstream check`.\n"
+    )
 
 
 _PATCH_WORDS = {
@@ -157,45 +197,50 @@ def commit_message(
     report: Report, kept: str | None, locked: dict[str, dict] | None
 ) -> tuple[str, str]:
     """(subject, whole message) of a move's commit: per patch what happened, per profile
-    which of its flags changed."""
+    which of its flags changed; outside text shown `printable`."""
     assert report.release is not None and report.pins is not None
+    shown = TERMINAL
     pins = report.pins
-    subject = f"upstream: {report.target} onto sglang {report.release.version}"
+    subject = f"upstream: {report.target} onto sglang {shown(report.release.version)}"
     flashinfer = pins.flashinfer
     if flashinfer.get("changes"):
-        subject += f" and flashinfer {flashinfer['to']['version']}"
+        subject += f" and flashinfer {shown(flashinfer['to']['version'])}"
     sglang = pins.sglang["to"]
     lines = [subject, "", "pins:"]
     lines.append(
-        f"  sglang {report.pinned} -> {sglang['version']}: {sglang['ref']} (sha256 "
-        f"{sglang['sha256']}, commit {sglang['commit']})"
+        f"  sglang {report.pinned} -> {shown(sglang['version'])}: {shown(sglang['ref'])} "
+        f"(sha256 {shown(sglang['sha256'])}, commit {sglang['commit']})"
     )
     if flashinfer.get("changes"):
+        after = flashinfer["to"]
         lines.append(
-            f"  flashinfer {flashinfer['from']['version']} -> {flashinfer['to']['version']}: "
-            f"{flashinfer['to']['ref']} (commit {flashinfer['to']['commit']}, read from "
-            f"{flashinfer['to']['wheel']})"
+            f"  flashinfer {flashinfer['from']['version']} -> {shown(after['version'])}: "
+            f"{shown(after['ref'])} (commit {after['commit']}; {shown(after['wheel'])} "
+            "names the same)"
         )
-    lines += [f"  {r['from']} -> {r['to']}" for r in pins.requirements if r["changed"]]
+    lines += [f"  {r['from']} -> {shown(r['to'])}" for r in pins.requirements if r["changed"]]
     for upstream, checked in report.series.items():
         if "skipped" in checked:
             lines += ["", f"{upstream} series: {checked['skipped']}"]
             continue
-        lines += ["", f"{upstream} series onto {checked['onto']}:"]
+        lines += ["", f"{upstream} series onto {shown(checked['onto'])}:"]
         if not checked["patches"]:
             lines.append("  (no patches)")
         for patch in checked["patches"]:
-            detail = "; ".join(patch["details"]) if patch["status"] == "merged" else ""
+            merged = patch["status"] == "merged"
+            detail = "; ".join(shown(d) for d in patch["details"]) if merged else ""
             words = _PATCH_WORDS[patch["status"]]
             lines.append(f"  {patch['patch']}: {words}" + (f" ({detail})" if detail else ""))
-    lines += ["", f"profiles (flags whose definition changed in sglang {sglang['version']}):"]
+    lines += ["", f"profiles (flags whose definition changed in sglang "
+                  f"{shown(sglang['version'])}):"]  # fmt: skip
     for profile in report.profiles:
-        changed = "; ".join(profile.changed) if profile.changed else "none"
+        changed = "; ".join(shown(c) for c in profile.changed) if profile.changed else "none"
         lines.append(f"  {profile.target} {profile.profile}: {changed}")
-    if report.call_sites is not None and (report.call_sites.added or report.call_sites.removed):
+    calls = report.call_sites
+    if calls is not None and (calls.added or calls.removed):
         lines += ["", "FlashInfer names sglang's server code now uses (review the JIT list):"]
-        lines += [f"  + {n} ({_files(f)})" for n, f in report.call_sites.added.items()]
-        lines += [f"  - {n} ({_files(f)})" for n, f in report.call_sites.removed.items()]
+        lines += [f"  + {shown(n)} ({_files(f, shown)})" for n, f in calls.added.items()]
+        lines += [f"  - {shown(n)} ({_files(f, shown)})" for n, f in calls.removed.items()]
     if kept:
         lines += ["", f"kept: target {kept} (images/{kept}) on the old pins, series and lock"]
     lines.append("")
@@ -204,8 +249,8 @@ def commit_message(
     elif not locked:
         lines.append("runtime lock: none to re-resolve")
     for name, summary in (locked or {}).items():
-        changed = ", ".join(summary["changed"]) or "no version changed"
+        changed = ", ".join(shown(c) for c in summary["changed"]) or "no version changed"
         lines.append(f"runtime lock of {name}: {summary['packages']} packages; {changed}")
     lines += ["", f"Made by `builder upstream move --target {report.target} --to "
-                  f"sglang=={report.release.version}`."]  # fmt: skip
+                  f"sglang=={shown(report.release.version)}`."]  # fmt: skip
     return subject, "\n".join(lines) + "\n"

@@ -3,7 +3,11 @@
 Real parts: the sglang 0.5.22 and 0.5.23 cp312 wheels and FlashInfer 0.7.2's wheel from PyPI
 (cached outside the repository: 34 + 39 + 65 MB, once per machine), served by a real package
 index on loopback (pypiserver) that builder reaches through `--mirror`; both releases' own
-argument parsers; builder's own import, refresh and check. The data copy is today's sm120
+argument parsers; builder's own import, refresh and check. FlashInfer's new commit is the one
+its git tag v0.7.2 names: GitHub is not reached here, so a git daemon serves a stand-in
+repository with that tag (tests/upstreams.py `flashinfer_tags`), and the FlashInfer wheel on
+the index has its `_build_meta.py` name the stand-in's commit, as the real wheel names the
+real tag's (tests/test_hostile_index.py: a wheel naming another commit needs review). The data copy is today's sm120
 moved back to the 0.5.22 stack: the sglang pin to 0.5.22's cp312 wheel (sha256 and commit
 computed here with builder's own import), FlashInfer to 0.7.1 (the version 0.5.22 pins), the
 target's pins to 0.5.22's, and a series that applies there: the parts of today's two
@@ -26,9 +30,10 @@ import pygit2
 import pytest
 
 from builder.release import import_wheel
+from builder.untrusted import markdown_inert
 from tests.conftest import REPO_ROOT, Builder, seed_cache
-from tests.services import start_pypiserver
-from tests.upstreams import fetch_release_file
+from tests.services import start_git_daemon, start_pypiserver
+from tests.upstreams import fetch_release_file, flashinfer_tags
 
 OLD = "sglang-0.5.22-cp312-cp312-manylinux_2_34_x86_64.whl"
 NEW = "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl"
@@ -76,20 +81,44 @@ def _data_copy(root: Path) -> Path:
     return root
 
 
+def _naming(wheel: Path, commit: str, into: Path) -> Path:
+    """FlashInfer's wheel with its _build_meta.py naming `commit` (the rest as it is)."""
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(into, "w") as copy:
+        for info in source.infolist():
+            data = source.read(info)
+            if info.filename == "flashinfer/_build_meta.py":
+                data = data.replace(FLASHINFER_PIN["commit"].encode(), commit.encode())
+                assert commit.encode() in data
+            copy.writestr(info, data, zipfile.ZIP_DEFLATED, compresslevel=1)
+    return into
+
+
 @pytest.fixture(scope="module")
 def index(tmp_path_factory) -> dict:
-    """The loopback index: both sglang releases and FlashInfer 0.7.2's wheel."""
+    """The loopback index: both sglang releases and FlashInfer 0.7.2's wheel (naming the
+    stand-in tag's commit); the git daemon serving that tag."""
     packages = tmp_path_factory.mktemp("upstream-index")
+    github = packages.parent / "upstream-github"
+    tags = flashinfer_tags(github)
+    real = fetch_release_file("flashinfer-python", FLASHINFER_WHEEL)
     wheels = {
         OLD: fetch_release_file("sglang", OLD),
         NEW: fetch_release_file("sglang", NEW),
-        FLASHINFER_WHEEL: fetch_release_file("flashinfer-python", FLASHINFER_WHEEL),
+        FLASHINFER_WHEEL: _naming(real, tags["v0.7.2"], packages / FLASHINFER_WHEEL),
     }
     for wheel in wheels.values():
-        shutil.copy(wheel, packages)
+        if wheel.parent != packages:
+            shutil.copy(wheel, packages)
     process, port = start_pypiserver(packages, packages.parent / "upstream-pypiserver.log")
-    yield {"mirror": f"https://pypi.org/simple=http://127.0.0.1:{port}/simple", "wheels": wheels}
+    daemon, served = start_git_daemon(github)
+    yield {
+        "mirror": f"https://pypi.org/simple=http://127.0.0.1:{port}/simple",
+        "env": {**TARGET, "BUILDER_MIRRORS": f"https://github.com/={served}"},
+        "wheels": wheels,
+        "flashinfer": tags["v0.7.2"],
+    }
     process.terminate()
+    daemon.terminate()
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +127,7 @@ def stack_0_5_22(index: dict, tmp_path_factory) -> dict:
     0.5.23 on it (its cache, with both releases imported, seeds the other tests)."""
     root = tmp_path_factory.mktemp("stack-0.5.22")
     builder = Builder(
-        _data_copy(root / "data"), root / "cache", index["mirror"], root / "wh", env=TARGET
+        _data_copy(root / "data"), root / "cache", index["mirror"], root / "wh", env=index["env"]
     )
     series = builder.data_dir / "forks/sglang/patches/sm120"
     for patch in SERIES.glob("*.patch"):
@@ -127,14 +156,15 @@ def stack_0_5_22(index: dict, tmp_path_factory) -> dict:
     assert _pinned(old, "flashinfer_python") == "0.7.1"
 
     checked = builder.run("upstream", "check", "--no-lock", "--json", check=False)
-    return {"builder": builder, "check": checked, "sha256": sha256, "commit": commit}
+    return {"builder": builder, "check": checked, "sha256": sha256, "commit": commit,
+            "flashinfer": index["flashinfer"]}  # fmt: skip
 
 
 def _builder_on(stack: dict, root: Path) -> Builder:
     """A builder on a copy of the 0.5.22 data, its cache seeded with the imported releases."""
     first: Builder = stack["builder"]
     builder = Builder(_data_copy_of(first.data_dir, root / "data"), root / "cache", first.mirror,
-                      root / "wh", env=TARGET)  # fmt: skip
+                      root / "wh", env=first.env)  # fmt: skip
     seed_cache(builder, first.cache_dir, folders=("mirrors", "releases"))
     return builder
 
@@ -163,9 +193,10 @@ def test_the_check_from_0_5_22_to_0_5_23_names_every_pin_and_the_series_moves(
     }  # fmt: skip
     flashinfer = report["pins"]["flashinfer"]
     assert flashinfer["from"]["version"] == "0.7.1" and flashinfer["changes"]
+    tagged = stack_0_5_22["flashinfer"]  # the stand-in tag's: the real one is on GitHub
     assert flashinfer["to"] == {
-        "version": "0.7.2", "commit": FLASHINFER_PIN["commit"], "ref": "refs/tags/v0.7.2",
-        "wheel": FLASHINFER_WHEEL,
+        "version": "0.7.2", "commit": tagged, "ref": "refs/tags/v0.7.2",
+        "wheel": FLASHINFER_WHEEL, "wheel_commit": tagged,
     }  # fmt: skip
     moved = {r["name"]: r["to"] for r in report["pins"]["requirements"] if r["changed"]}
     assert moved == {"sglang-kernel": "sglang-kernel==0.4.10",
@@ -212,7 +243,8 @@ def test_a_flag_only_the_older_release_has_is_named_with_its_profile(
     count = 2 * len(tomllib.loads(text)["profiles"])
     assert table.startswith(f"**sm120: sglang 0.5.22 -> 0.5.23: needs review ({count} items)**")
     for profile in ("glm5-nvfp4-tp8", "glm5-nvfp4-tp8-pcie-ar", "glm5-nvfp4-tp8-fusion"):
-        assert f"| profiles | sm120 {profile} | {GONE_FLAG} is not an option" in table
+        problem = markdown_inert(f"{GONE_FLAG} is not an option")  # sglang's words: inert
+        assert f"| profiles | sm120 {profile} | {problem}" in table
     assert (
         f"sm120 glm5-nvfp4-tp8: {GONE_FLAG} is not an option of sglang 0.5.23 (was in the "
         "pinned release)"
@@ -303,7 +335,7 @@ def test_the_move_commits_the_pins_the_series_and_the_kept_target(
     }
     flashinfer = tomllib.loads((data / "forks/flashinfer/pin.toml").read_text())
     assert (flashinfer["ref"], flashinfer["commit"], flashinfer["version"]) == (
-        "refs/tags/v0.7.2", FLASHINFER_PIN["commit"], "0.7.2",
+        "refs/tags/v0.7.2", stack_0_5_22["flashinfer"], "0.7.2",
     )  # fmt: skip
     target = tomllib.loads((data / "images/sm120/target.toml").read_text())
     assert "sglang-kernel==0.4.10" in target["image"]["requirements"]
@@ -405,7 +437,7 @@ def test_a_wheel_is_read_whole_where_the_server_serves_no_ranges(tmp_path: Path)
     import threading
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
-    from builder.remote_wheel import open_wheel, read_member
+    from builder.remote_wheel import open_wheel
 
     wheel = fetch_release_file("flashinfer-python", FLASHINFER_WHEEL)
     handler = functools.partial(SimpleHTTPRequestHandler, directory=str(wheel.parent))
@@ -413,9 +445,9 @@ def test_a_wheel_is_read_whole_where_the_server_serves_no_ranges(tmp_path: Path)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/{FLASHINFER_WHEEL}"
-        with open_wheel(url, "flashinfer") as archive:
-            meta = read_member(archive, "flashinfer/_build_meta.py")
-            assert read_member(archive, "flashinfer/no_such_file.py") is None
+        with open_wheel(url, "flashinfer") as wheel:
+            meta = wheel.text("flashinfer/_build_meta.py")
+            assert wheel.text("flashinfer/no_such_file.py") is None
     finally:
         server.shutdown()
         server.server_close()

@@ -208,6 +208,13 @@ def test_the_workflow_checks_moves_tests_then_pushes() -> None:
     assert jobs["pull-request"]["needs"] == ["check", "push"]
     assert "scripts/upstream_github.py pr" in _runs(jobs["pull-request"])
     assert "scripts/upstream_github.py issue --label upstream-review" in _runs(jobs["issue"])
+    # Exit 1 (an index page or wheel refused: the reason in report.md) opens the issue too;
+    # 9 (no answer) and 2 (a bug) fail the run.
+    check = next(step for step in jobs["check"]["steps"] if step.get("id") == "check")["run"]
+    assert '[ "$code" -ne 7 ] && [ "$code" -ne 1 ]; then exit "$code"' in check
+    assert 'if [ "$code" -eq 1 ]; then echo "failed=true"' in check
+    assert jobs["check"]["outputs"]["failed"] == "${{ steps.check.outputs.failed }}"
+    assert 'title="upstream: the check for $TARGET failed"' in _runs(jobs["issue"])
 
 
 def _runs(job: dict) -> str:

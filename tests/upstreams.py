@@ -162,6 +162,29 @@ def _publish_bare(work: Path, bare: Path) -> None:
     _git("repack", "-a", "-d", "-q", cwd=bare)
 
 
+def flashinfer_tags(root: Path) -> dict[str, str]:
+    """A stand-in for FlashInfer's GitHub repository where only tags matter (`upstream
+    check` reads the commit tag v<version> names): `<root>/flashinfer-ai/flashinfer.git`
+    with annotated tags v0.7.1 and v0.7.2 on a commit each, and a last commit no tag names:
+    {"v0.7.1": commit, "v0.7.2": commit, "later": commit}."""
+    work = root / "flashinfer-work"
+    work.mkdir(parents=True)
+    _git("init", "-q", "-b", "main", cwd=work)
+    commits = {}
+    for name in ("v0.7.1", "v0.7.2", "later"):
+        (work / "version.txt").write_text(name)
+        commits[name] = _commit_tree(work, name, None)
+        if name != "later":
+            _git("tag", "-a", name, "-m", name, cwd=work)
+    _publish_bare(work, root / "flashinfer-ai" / "flashinfer.git")
+    return commits
+
+
+def move_tag(bare: Path, tag: str, commit: str) -> None:
+    """Upstream moves annotated tag `tag` of the bare repository `bare` to `commit`."""
+    _git("tag", "-f", "-a", tag, "-m", f"{tag}, moved", commit, cwd=bare)
+
+
 def _extract(snapshot: Snapshot, version: str, destination: Path) -> Path:
     """The sdist of `version` laid out as the upstream's git tree, in `destination`."""
     sdist = fetch_sdist(snapshot.dist, version)

@@ -335,7 +335,9 @@ def register(sub) -> None:
         "fetch upstreams at their pinned commits",
         "Fetch each upstream of the target into a cached bare mirror (only when the pinned commit "
         "is missing) and check it out, submodules included, into the target's work directory. "
-        "The checked-out commit is verified against forks/<upstream>/pin.toml.\n\n"
+        "The checked-out commit is verified against forks/<upstream>/pin.toml, and a pinned ref "
+        "is read from the remote each time (cached commit or not): it must still name that "
+        "commit.\n\n"
         "example: builder sources --target sm120 --upstream flashinfer",
     )
     add_command(

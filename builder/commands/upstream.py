@@ -8,7 +8,7 @@ from pathlib import Path
 
 from builder.cache import atomic_write_text, locked
 from builder.commands.common import FETCH, PROJECT, add_command, context, print_json
-from builder.errors import EXIT_CODES
+from builder.errors import EXIT_CODES, BuilderError
 from builder.lazy import lazy_module
 
 upstream = lazy_module("builder.upstream")
@@ -28,8 +28,13 @@ def _show(args: argparse.Namespace, report, extra: dict | None = None) -> None:
 
 def cmd_upstream_check(args: argparse.Namespace) -> None:
     ctx = context(args)
-    with locked(ctx.cache_dir):
-        report = upstream.check(ctx, args.to, run_lock=not args.no_lock)
+    try:
+        with locked(ctx.cache_dir):
+            report = upstream.check(ctx, args.to, run_lock=not args.no_lock)
+    except BuilderError as exc:  # --markdown FILE says why too: the weekly issue's body
+        if args.markdown:
+            atomic_write_text(Path(args.markdown), view.failure_markdown(ctx.target.name, exc))
+        raise
     _show(args, report)
     if not report.ok:
         raise SystemExit(EXIT_CODES["drift"])
@@ -81,7 +86,9 @@ def register(sub) -> None:
         "(applies, already upstream, conflicts); every flag each launch profile renders against "
         "the new release's own argument parser; each [[jit.modules]] generator in the new "
         "FlashInfer, and the FlashInfer names sglang's code newly uses; whether the runtime "
-        "lock resolves. Exit code 0: clean (or nothing newer); 7: needs review.\n\n"
+        "lock resolves. Exit code 0: clean (or nothing newer); 7: needs review; 1: the check "
+        "failed with a reason (an index page, a wheel or its METADATA refused: one line names "
+        "the URL or file, and --markdown FILE holds it too).\n\n"
         "examples:\n"
         "  builder upstream check --target sm120\n"
         "  builder upstream check --target sm120 --to sglang==0.5.24 --json",
