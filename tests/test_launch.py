@@ -296,16 +296,102 @@ def test_installed_unit_runs_compose_with_its_secrets_and_no_home(
     assert os.path.exists(working / "compose.yaml")
 
 
-def test_deploy_files_hint_names_the_unit_by_its_absolute_path(
+def test_a_unit_written_anywhere_runs_from_the_folder_it_is_installed_in(
     builder: Builder, tmp_path: Path
 ) -> None:
+    """#55: the unit's WorkingDirectory and EnvironmentFile were the --out folder it was
+    written to (a build host's, a home folder), so the unit copied to the VM as told ran
+    nothing. It names /etc/sglang/PROFILE/; the printed copy puts the files where
+    --install does, byte for byte."""
+    import subprocess
+
     _manifest(builder.data_dir / "manifests/sm120-0.5.9", pushed=True)
-    out = tmp_path / "deploy"
+    out = tmp_path / "rendered"
     result = builder.run("deploy-files", "--out", str(out))
-    unit = out.resolve() / "sglang-glm5-nvfp4-tp8.service"
-    assert f"on the VM: cp {unit} /etc/systemd/system/" in result.stdout
+    unit = out / "sglang-glm5-nvfp4-tp8.service"
     service = _systemd_service(unit.read_text())
-    assert service["WorkingDirectory"] == str(out.resolve())
+    assert service["WorkingDirectory"] == "/etc/sglang/glm5-nvfp4-tp8"
+    assert service["EnvironmentFile"] == "/etc/sglang/glm5-nvfp4-tp8/sglang-glm5-nvfp4-tp8.env"
+    assert str(out) not in unit.read_text()
+    (copy,) = [line for line in result.stdout.splitlines() if line.startswith("on the VM")]
+    # The printed commands, run under a stand-in root (no systemctl here).
+    copied = tmp_path / "copied"
+    commands = copy.split(": ", 1)[1].split(" && systemctl")[0].replace(" /etc/", f" {copied}/etc/")
+    (copied / "etc/systemd/system").mkdir(parents=True)
+    subprocess.run(["/bin/sh", "-c", commands], check=True)
+    installed = tmp_path / "installed"
+    builder.run("deploy-files", "--install", "--root", str(installed))
+    files = sorted(p.relative_to(installed) for p in installed.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(copied) for p in copied.rglob("*") if p.is_file())
+    for path in files:
+        assert (copied / path).read_bytes() == (installed / path).read_bytes(), path
+        assert (copied / path).stat().st_mode == (installed / path).stat().st_mode, path
+
+
+def test_deploy_files_refuses_an_image_the_vm_cannot_pull_by_digest(
+    builder: Builder, tmp_path: Path
+) -> None:
+    """An unpushed manifest's image is a local tag: `launch` on the build host warns and
+    prints it; deploy-files, whose files are for the VM, writes nothing."""
+    manifest = _manifest(builder.data_dir / "manifests/sm120-0.5.9", pushed=False)
+    out = tmp_path / "deploy"
+    result = builder.run("deploy-files", "--out", str(out), check=False)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {manifest}: image sglang-sm120:test was not pushed (a local tag, which can "
+        "move and which the VM cannot pull): push it (`builder publish`, or `builder image "
+        "--push REGISTRY/REPO`), or give --image REPO@sha256:DIGEST"
+    )
+    assert not out.exists()
+
+
+def _install(builder: Builder, root: Path, *args: str):
+    return builder.run("deploy-files", "--install", "--root", str(root), *args, check=False)
+
+
+def test_a_second_profile_is_not_installed_on_a_port_or_name_another_unit_uses(
+    builder: Builder, tmp_path: Path
+) -> None:
+    """#55: two profiles installed on one port, without a word: whichever started second
+    failed. Both glm5 profiles publish 30000 as container sglang-glm5."""
+    _manifest(builder.data_dir / "manifests/sm120-0.5.9", pushed=True)
+    root = tmp_path / "root"
+    units = root / "etc/systemd/system"
+    assert _install(builder, root).returncode == 0
+    first = units / "sglang-glm5-nvfp4-tp8.service"
+    remove = f"systemctl disable --now sglang-glm5-nvfp4-tp8 && rm {first}"
+
+    def refused(*args: str) -> str:
+        result = _install(builder, root, "--profile", "glm5-nvfp4-tp8-fusion", *args)
+        assert result.returncode == 1, result.stdout
+        assert not (units / "sglang-glm5-nvfp4-tp8-fusion.service").exists()
+        assert not (root / "etc/sglang/glm5-nvfp4-tp8-fusion").exists()
+        return result.stderr.strip().splitlines()[-1]
+
+    assert refused() == (
+        f"error: --install: port 30000 is already used by sglang-glm5-nvfp4-tp8.service, "
+        f"installed for another profile ({first}); give another --port, or remove that unit "
+        f"first ({remove})"
+    )
+    assert refused("--port", "30001") == (
+        f"error: --install: container name sglang-glm5 is already used by "
+        f"sglang-glm5-nvfp4-tp8.service, installed for another profile ({first}); give "
+        f"another --name, or remove that unit first ({remove})"
+    )
+    beside = _install(builder, root, "--profile", "glm5-nvfp4-tp8-fusion", "--port", "30001",
+                      "--name", "sglang-glm5-fusion")  # fmt: skip
+    assert beside.returncode == 0, beside.stderr
+    # The same profile again replaces its own unit, on any port.
+    again = _install(builder, root, "--port", "30002")
+    assert again.returncode == 0, again.stderr
+    assert (
+        '"127.0.0.1:30002:30002"' in (root / "etc/sglang/glm5-nvfp4-tp8/compose.yaml").read_text()
+    )
+    # A unit builder did not write is not read, whatever its folder holds.
+    (units / "sglang-other.service").write_text(
+        "[Service]\nWorkingDirectory=/etc/sglang/glm5-nvfp4-tp8\n"
+    )
+    assert _install(builder, root, "--port", "30002").returncode == 0
 
 
 def test_the_container_carries_the_profile_it_was_launched_with() -> None:

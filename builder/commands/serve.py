@@ -29,6 +29,7 @@ from builder.lazy import lazy_module
 from builder.settings import resolve_data_dir
 from builder.target import load_target
 
+deploy = lazy_module("builder.deploy")
 deploy_chosen = lazy_module("builder.commands.deploy_chosen")
 docker_client = lazy_module("builder.docker_client")
 image_recipe = lazy_module("builder.recipe")
@@ -44,9 +45,6 @@ runtime_jit = lazy_module("builder.runtime_jit")
 validate = lazy_module("builder.validate")
 docker = lazy_module("docker")
 
-# Where `deploy-files --install` puts a profile's service files.
-INSTALL_DIR = "/etc/sglang"
-SYSTEMD_DIR = "/etc/systemd/system"
 # A start is stalled after this long without a log line (weights print progress; NCCL
 # initialisation stuck on PCIe P2P prints nothing).
 STALL_MINUTES = 10.0
@@ -266,17 +264,26 @@ def cmd_deploy_files(args: argparse.Namespace) -> None:
     else:
         out = validate.writable_dir("--out", args.out).resolve()
     chosen = apply_chosen(args) if args.profile == "chosen" else None
+    tag = None
+    if args.image and not args.manifest:  # the recipe read from the digest that will run
+        validate.image_reference("--image", args.image)
+        pinned = deploy.pinned("--image", args.image)
+        tag, args.image = (args.image if pinned != args.image else None), pinned
     recipe, source = recipe_from_args(args)
+    deploy.refuse_unpinned(recipe.image, source)
+    recipe = dataclasses.replace(recipe, image_tag=tag or "")
     if chosen:
         deploy_chosen.check_reproduces(recipe, chosen)
+    # The unit runs compose where the files are installed, wherever they are written now.
+    service_dir = deploy.service_dir(recipe.profile)
     if args.install:
-        service_dir = f"{INSTALL_DIR}/{recipe.profile}"
+        deploy.refuse_clash(root, recipe.profile, recipe.port, recipe.container_name)
         out = validate.writable_dir("--root", str(root / service_dir.lstrip("/")))
-        units = validate.writable_dir("--root", str(root / SYSTEMD_DIR.lstrip("/")))
+        units = validate.writable_dir("--root", str(root / deploy.SYSTEMD_DIR.lstrip("/")))
     else:
-        service_dir, units = str(out), out
+        units = out
     compose = out / "compose.yaml"
-    unit = units / f"sglang-{recipe.profile}.service"
+    unit = units / deploy.unit_name(recipe.profile)
     env_file = out / launch.env_file_name(recipe)
     # Every file's text (each checks every value it holds) before the first is written:
     # a refused value leaves nothing behind.
@@ -308,8 +315,12 @@ def cmd_deploy_files(args: argparse.Namespace) -> None:
     lines.append(f"secrets (HF_TOKEN): edit {env_file} (mode 0600)")
     if args.install:
         lines.append(f"then: {enable}")
-    else:
-        lines.append(f"on the VM: cp {unit} /etc/systemd/system/ && {enable}")
+    else:  # cp -n: a secrets file already there keeps its token
+        lines.append(
+            f"on the VM (the unit runs compose in {service_dir}/): mkdir -p {service_dir} && "
+            f"cp {compose} {service_dir}/ && cp -n {env_file} {service_dir}/ && cp {unit} "
+            f"{deploy.SYSTEMD_DIR}/ && {enable}"
+        )
     lines.append(f"ready when: {recipe.wait_ready_command()}")
     emit(args, result, lines)
 
@@ -515,14 +526,17 @@ def register(sub) -> None:
     launch_cmd.add_argument("--poll", default="5", help=argparse.SUPPRESS)
     launch_cmd.set_defaults(stall_s=STALL_MINUTES * 60)
 
-    deploy = add_command(
+    deploy_cmd = add_command(
         sub,
         "deploy-files",
         cmd_deploy_files,
         "write a compose file and a systemd unit for the GPU VM",
         "Write compose.yaml (GPU reservation, host IPC, healthcheck with a start period that "
-        "allows slow starts, no restart loop) and a systemd unit that runs it, for a launch "
-        "profile and the image of a manifest. --profile chosen deploys the server a "
+        "allows slow starts, no restart loop) and a systemd unit that runs it from "
+        f"{deploy.INSTALL_DIR}/PROFILE/ (where --install puts them; with --out it says how to "
+        "copy them there), for a launch profile and an image (--image, or a manifest's), "
+        "pinned to its digest: a tag is resolved in its registry and kept in a comment. "
+        "--profile chosen deploys the server a "
         "`qualify --sweep` chose (its chosen.json in --qualify-dir): the image by digest, "
         "profile, params, model, HF cache, port, API key file and extra args its receipt's "
         "server ran, compared with that server's command argument by argument; a flag that "
@@ -533,22 +547,23 @@ def register(sub) -> None:
         "  builder deploy-files --profile chosen --qualify-dir qualify/ --out deploy/",
         uses=(PROJECT,),
     )
-    add_launch_options(deploy)
-    deploy.add_argument(
+    add_launch_options(deploy_cmd)
+    deploy_cmd.add_argument(
         "--qualify-dir",
         default="qualify",
         metavar="DIR",
         help="with --profile chosen: the `qualify --sweep --out` folder whose chosen.json "
         "(and the receipt it cites) says what to deploy (default: ./qualify)",
     )
-    deploy.add_argument("--out", default="deploy", help="output directory (default: ./deploy)")
-    deploy.add_argument(
+    deploy_cmd.add_argument("--out", default="deploy", help="output directory (default: ./deploy)")
+    deploy_cmd.add_argument(
         "--install",
         action="store_true",
         help=f"put them in place instead: compose and the secrets file in "
-        f"{INSTALL_DIR}/PROFILE/, the unit in {SYSTEMD_DIR}/",
+        f"{deploy.INSTALL_DIR}/PROFILE/, the unit in {deploy.SYSTEMD_DIR}/ (refused when "
+        "another profile's unit there uses the same port or container name)",
     )
-    deploy.add_argument(
+    deploy_cmd.add_argument(
         "--root",
         default="/",
         metavar="DIR",
