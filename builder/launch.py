@@ -41,7 +41,9 @@ _PARAM = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 class Overrides:
     model: str | None = None
     port: int | None = None
-    params: tuple[tuple[str, str], ...] = ()  # the operator's own --set, on this command line
+    # The operator's own --set, on this command line: KEY for every profile, PROFILE:KEY
+    # for one (params_for).
+    params: tuple[tuple[str, str], ...] = ()
     extra_args: tuple[str, ...] = ()
     hf_cache: str | None = None  # None: HF_CACHE_DEFAULT
     container_name: str | None = None
@@ -361,6 +363,32 @@ def fallback_why(known: Profiles, name: str) -> str:
     return str(profile.get("fallback", {}).get(FALLBACK_WHY, ""))
 
 
+def split_profile_key(key: str) -> tuple[str | None, str]:
+    """`--set PROFILE:KEY=VALUE` sets a param of that profile alone (one of a sweep's):
+    (PROFILE, KEY); a plain KEY applies to every profile: (None, KEY)."""
+    profile, colon, bare = key.partition(":")
+    return (profile, bare) if colon else (None, key)
+
+
+def params_for(
+    pairs: tuple[tuple[str, str], ...] | list[tuple[str, str]], profile: str
+) -> tuple[tuple[str, str], ...]:
+    """The `--set` (key, value) pairs that apply to `profile`: every plain one, then those
+    given as PROFILE:KEY for this profile, which win; one for another profile is refused."""
+    plain, own = [], []
+    for key, value in pairs:
+        named, bare = split_profile_key(key)
+        if named is None:
+            plain.append((key, value))
+        elif named == profile:
+            own.append((bare, value))
+        else:
+            raise BuilderError(
+                f"--set {key}={value}: for profile {named}, but this is profile {profile}"
+            )
+    return (*plain, *own)
+
+
 def _substitute(value: Any, params: dict[str, str], where: str, path: Path | str) -> Any:
     if not isinstance(value, str):
         return value
@@ -385,7 +413,7 @@ def resolve(
 
     params = {k: str(v) for k, v in profile.get("params", {}).items()}
     refuse_control_characters(overrides)
-    given = dict(overrides.params)
+    given = dict(params_for(overrides.params, name))
     taken = dict(overrides.taken_params)
     for key in (*given, *taken):
         if key not in params:

@@ -550,3 +550,28 @@ def test_a_tag_whose_digest_cannot_be_read_is_refused_with_how_to_pin_it(
         f"{absent})"
     )
     assert nothing_written(tmp_path)
+
+
+def test_one_profile_s_own_set_is_recorded_and_deployed(
+    image: str, model: Path, tmp_path: Path
+) -> None:
+    """`--set PROFILE:KEY=VALUE` sets a param of one profile of a sweep (over a plain
+    `--set`): its receipt and chosen.json record it as KEY=VALUE, and deploy-files
+    reproduces that server; the operator may repeat it either way, not for another."""
+    assert qualify_sweep.sets_for(["mem=0.8", "p:mem=0.7", "q:backend=x", "backend=full"], "p") == [
+        "mem=0.8", "backend=full", "mem=0.7"
+    ]  # fmt: skip
+    swept = sweep_folder(tmp_path / "q", image, "--model", str(model),
+                         "--set", "p:mem=0.7", "--set", "mem=0.8")  # fmt: skip
+    receipt = json.loads((swept / "p" / "receipt.json").read_text())
+    assert receipt["server"]["params"] == [["mem", "0.7"]]
+    assert json.loads((swept / "chosen.json").read_text())["chosen"]["params"] == [["mem", "0.7"]]
+    for given in ((), ("--set", "p:mem=0.7"), ("--set", "mem=0.7")):
+        result = deploy(tmp_path, swept, *given)
+        assert result.returncode == 0, result.stderr
+        service = yaml.safe_load((tmp_path / "deploy" / "compose.yaml").read_text())
+        command = service["services"]["sglang"]["command"]
+        assert command[command.index("--mem-fraction-static") + 1] == "0.7"
+    assert refused(deploy(tmp_path, swept, "--set", "q:mem=0.7")) == (
+        f"--set q:mem=0.7: {swept}/chosen.json chose profile p, not q"
+    )

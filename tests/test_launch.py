@@ -682,3 +682,21 @@ def test_an_operator_volume_folder_must_be_absolute() -> None:
     mine = launch.resolve(profiles, "p", IMAGE, launch.Overrides(params=(("cache", "/srv/c/"),)))
     assert ("/srv/c", "/root/.cache/sglang", "rw") in mine.volumes
     assert mine.outside_state_root == (("--set cache=/srv/c/", "/srv/c"),)
+
+
+# -- params: one profile's own --set, and what a profile derives ------------------------------
+
+
+def test_a_set_for_one_profile_applies_to_it_alone_and_wins() -> None:
+    """`--set PROFILE:KEY=VALUE` (a sweep's, one profile's): over a plain `--set KEY=VALUE`
+    whatever the order, recorded as KEY=VALUE; one for another profile is refused."""
+    given = (("glm5-nvfp4-tp8:mem_fraction_static", "0.8"), ("mem_fraction_static", "0.9"))
+    recipe = launch.resolve(CURRENT, "glm5-nvfp4-tp8", IMAGE, launch.Overrides(params=given))
+    assert _flag(recipe.args, "--mem-fraction-static") == "0.8"
+    assert recipe.params == (("mem_fraction_static", "0.8"),)
+    with pytest.raises(BuilderError) as refused:
+        launch.resolve(CURRENT, "glm5-nvfp4-tp8-mtp", IMAGE, launch.Overrides(params=given))
+    assert str(refused.value) == (
+        "--set glm5-nvfp4-tp8:mem_fraction_static=0.8: for profile glm5-nvfp4-tp8, but this "
+        "is profile glm5-nvfp4-tp8-mtp"
+    )

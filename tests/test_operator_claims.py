@@ -226,6 +226,7 @@ def check_example(line: str) -> str | None:
 
     from builder import launch
     from builder.cli import build_parser
+    from builder.commands.qualify_sweep import sets_for
     from builder.commands.serve import _key_values
     from builder.errors import BuilderError
     from builder.target import load_target
@@ -249,12 +250,13 @@ def check_example(line: str) -> str | None:
     known = launch.Profiles.of(load_target(REPO_ROOT, target).file)
     names = args.sweep.split(",") if getattr(args, "sweep", None) else [args.profile]
     try:
-        overrides = launch.Overrides(
-            model=args.model, port=args.port, params=tuple(_key_values("--set", args.set)),
-            extra_args=tuple(args.extra_arg), hf_cache=args.hf_cache,
-            container_name=args.name, bind=args.bind,
-        )  # fmt: skip
-        for name in names:
+        for name in names:  # a sweep's PROFILE:KEY=VALUE for that profile alone
+            sets = sets_for(args.set, name) if getattr(args, "sweep", None) else args.set
+            overrides = launch.Overrides(
+                model=args.model, port=args.port, params=tuple(_key_values("--set", sets)),
+                extra_args=tuple(args.extra_arg), hf_cache=args.hf_cache,
+                container_name=args.name, bind=args.bind,
+            )  # fmt: skip
             launch.resolve(known, name, "-", overrides)
     except BuilderError as exc:
         return str(exc)
