@@ -700,3 +700,68 @@ def test_a_set_for_one_profile_applies_to_it_alone_and_wins() -> None:
         "--set glm5-nvfp4-tp8:mem_fraction_static=0.8: for profile glm5-nvfp4-tp8, but this "
         "is profile glm5-nvfp4-tp8-mtp"
     )
+
+
+@pytest.mark.parametrize("profile", ["glm5-nvfp4-tp8-mtp", "glm52-nvfp4-tp8-mtp"])
+def test_draft_tokens_follow_the_steps_the_operator_sets(profile: str) -> None:
+    """#55: `--set speculative_num_steps=2` alone was refused (draft tokens stayed 4),
+    though with topk 1 sglang keeps only steps + 1: the profile derives it and says so."""
+    steps = (("speculative_num_steps", "2"),)
+    recipe = launch.resolve(CURRENT, profile, IMAGE, launch.Overrides(params=steps))
+    assert _flag(recipe.args, "--speculative-num-steps") == "2"
+    assert _flag(recipe.args, "--speculative-num-draft-tokens") == "3"
+    assert recipe.expect["speculative_num_draft_tokens"] == "3"
+    assert recipe.params == steps, "what the operator said, derived again on every replay"
+    assert recipe.derived == (
+        "speculative_num_draft_tokens=3: derived from speculative_num_steps=2 (profile "
+        f"'{profile}': speculative_num_draft_tokens = speculative_num_steps + 1)",
+    )
+    assert not launch.resolve(CURRENT, profile, IMAGE, launch.Overrides()).derived
+    # Both given: the operator's pair, checked as given.
+    both = (*steps, ("speculative_num_draft_tokens", "4"))
+    with pytest.raises(BuilderError, match=r"makes it steps \+ 1 = 3"):
+        launch.resolve(CURRENT, profile, IMAGE, launch.Overrides(params=both))
+    with pytest.raises(BuilderError) as refused:
+        launch.resolve(
+            CURRENT, profile, IMAGE, launch.Overrides(params=(("speculative_num_steps", "two"),))
+        )
+    assert str(refused.value) == (
+        f"--set speculative_num_steps=two: not a whole number, and profile '{profile}' derives "
+        "speculative_num_draft_tokens from it (speculative_num_steps + 1)"
+    )
+
+
+def test_launch_says_in_one_line_what_it_derived(builder: Builder) -> None:
+    _manifest(builder.data_dir / "manifests/sm120/", pushed=True)
+    result = builder.run("launch", "--target", "sm120", "--profile", "glm5-nvfp4-tp8-mtp",
+                         "--set", "speculative_num_steps=5", "--json")  # fmt: skip
+    assert json.loads(result.stdout)["args"][-1] == "6"
+    said = [line for line in result.stderr.splitlines() if "derived from" in line]
+    assert said == [
+        "speculative_num_draft_tokens=6: derived from speculative_num_steps=5 (profile "
+        "'glm5-nvfp4-tp8-mtp': speculative_num_draft_tokens = speculative_num_steps + 1)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("derived", "message"),
+    [
+        ({"b": "a * 2"}, '\'b\' must be "PARAM + N" or "PARAM - N" (N a whole number)'),
+        ({"b": "__import__('os')"}, "'b' must be \"PARAM + N\""),
+        ({"b": "c + 1"}, "'c' is not a param of the profile (params: a, b)"),
+        ({"c": "a + 1"}, "'c' is not a param of the profile (params: a, b)"),
+        ({"b": "b + 1"}, "'b' is derived from itself"),
+        ({"b": [3]}, "field 'derived' must be a table of plain values"),
+    ],
+)
+def test_a_derived_rule_is_a_param_plus_a_number_or_refused(
+    tmp_path: Path, derived: dict, message: str
+) -> None:
+    """The rule is matched, never evaluated: anything but `PARAM + N` is refused as the
+    profiles load (an image's recipe included)."""
+    profile = {"args": ["--a", "{a}", "--b", "{b}"], "params": {"a": "1", "b": "2"},
+               "derived": derived}  # fmt: skip
+    known = launch.Profiles({"p": profile}, "p", "recipe.json")
+    with pytest.raises(BuilderError) as refused:
+        launch.resolve(known, "p", IMAGE, launch.Overrides(params=(("a", "4"),)))
+    assert message in str(refused.value)

@@ -133,6 +133,8 @@ def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
                 "(your own flag on this command line)"
             )
         )
+    for line in recipe.derived:
+        progress.info(escape(line))
     return recipe, source
 
 
