@@ -298,8 +298,11 @@ chosen), 9 no Docker daemon, or the hub did not answer for GSM8K.
 
 examples:
   builder qualify http://127.0.0.1:30000 --container sglang-glm5 --profile glm5-nvfp4-tp8
-  builder qualify --start --image REGISTRY/sglang-sm120@sha256:... --profile glm5-nvfp4-tp8-pcie-ar
-  builder qualify --sweep glm5-nvfp4-tp8,glm5-nvfp4-tp8-pcie-ar --image REGISTRY/... --out qualify
+  builder qualify --start --image $IMAGE --profile glm5-nvfp4-tp8-pcie-ar --model /data/GLM-5-NVFP4
+  builder qualify --sweep glm5-nvfp4-tp8,glm5-nvfp4-tp8-pcie-ar --image $IMAGE \\
+      --model /data/GLM-5-NVFP4
+  builder qualify --sweep glm5-nvfp4-tp8-mtp,glm5-nvfp4-tp8-pcie-ar-mtp --image $IMAGE \\
+      --model /data/GLM-5-NVFP4-MTP --set glm5-nvfp4-tp8-pcie-ar-mtp:speculative_num_steps=2
   builder qualify --compare qualify/   # a sweep's folder, or receipts: one table, compare.png
   builder qualify --gsm8k-save gsm8k.jsonl   # where the hub is reachable; then --gsm8k FILE""",
         epilog=EPILOG,

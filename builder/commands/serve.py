@@ -512,14 +512,17 @@ def register(sub) -> None:
         "launch",
         cmd_launch,
         "print (or --run) the exact docker run for a launch profile",
-        "Print the docker run that starts the server on a GPU VM: image by digest from the "
-        "manifest, --gpus all, --ipc=host, shm size, model cache volume, port, environment and "
-        "the sglang command line of the profile. With --run, start it and wait until it is "
-        "ready (see wait-ready).\n\n"
+        "Print the docker run that starts the server on a GPU VM: the image (--image REF as "
+        "given, or by digest from the manifest), --gpus all, --ipc=host, shm size, model cache "
+        "volume, port, environment and the sglang command line of the profile. With --run, "
+        "start it and wait until it is ready (see wait-ready).\n\n"
         "examples:\n"
-        "  builder launch --target sm120\n"
-        "  builder launch --model /data/GLM-5-NVFP4 --set cuda_graph_max_bs_decode=128\n"
-        "  builder launch --profile glm5-nvfp4-tp8-fusion   # experimental, prints a warning",
+        "  builder launch --image $IMAGE   # on the GPU VM: the image's own profiles\n"
+        "  builder launch --target sm120   # on the build host: the latest manifest's image\n"
+        "  builder launch --image $IMAGE --model /data/GLM-5-NVFP4 "
+        "--set cuda_graph_max_bs_decode=128\n"
+        "  builder launch --image $IMAGE --profile glm5-nvfp4-tp8-fusion   # experimental, "
+        "prints a warning",
         uses=(PROJECT,),
     )
     add_launch_options(launch_cmd)
@@ -545,8 +548,9 @@ def register(sub) -> None:
         "says otherwise is refused, and a param or HF cache it names mounts read-write "
         "outside /var/lib/sglang only when your own --set or --hf-cache says the same.\n\n"
         "examples:\n"
-        "  builder deploy-files --target sm120 --out deploy/\n"
-        "  builder deploy-files --profile chosen --qualify-dir qualify/ --out deploy/",
+        "  builder deploy-files --image $IMAGE --out deploy/   # then copy as it says\n"
+        "  sudo builder deploy-files --image $IMAGE --install\n"
+        "  sudo builder deploy-files --profile chosen --qualify-dir qualify/ --install",
         uses=(PROJECT,),
     )
     add_launch_options(deploy_cmd)
@@ -584,8 +588,9 @@ def register(sub) -> None:
         "the profile and --set params `launch` started it with (its labels). "
         "Exit codes: 0 ready, 1 bad input, 3 crashed, 4 deadline passed (still loading), "
         "5 up but with other backends than expected, 6 stalled, 9 no Docker daemon.\n\n"
-        "example: builder wait-ready http://127.0.0.1:30000 --container sglang-glm5 "
-        "--profile glm5-nvfp4-tp8",
+        "examples:\n"
+        "  builder wait-ready http://127.0.0.1:30000 --container sglang-glm5   # as launched\n"
+        "  builder wait-ready http://127.0.0.1:30000 --image $IMAGE --profile glm5-nvfp4-tp8",
         formatter_class=HelpFormatter,
     )
     wait.add_argument("url", help="server base URL, e.g. http://127.0.0.1:30000")
