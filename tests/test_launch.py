@@ -306,7 +306,7 @@ def test_a_unit_written_anywhere_runs_from_the_folder_it_is_installed_in(
     import subprocess
 
     _manifest(builder.data_dir / "manifests/sm120-0.5.9", pushed=True)
-    out = tmp_path / "rendered"
+    out = tmp_path / "rendered here"  # a space: the printed copy quotes the paths
     result = builder.run("deploy-files", "--out", str(out))
     unit = out / "sglang-glm5-nvfp4-tp8.service"
     service = _systemd_service(unit.read_text())
@@ -326,6 +326,11 @@ def test_a_unit_written_anywhere_runs_from_the_folder_it_is_installed_in(
     for path in files:
         assert (copied / path).read_bytes() == (installed / path).read_bytes(), path
         assert (copied / path).stat().st_mode == (installed / path).stat().st_mode, path
+    # Copied again after an upgrade: the secret filled in on the VM stays.
+    secrets = copied / "etc/sglang/glm5-nvfp4-tp8/sglang-glm5-nvfp4-tp8.env"
+    secrets.write_text("HF_TOKEN=hf_kept\n")
+    subprocess.run(["/bin/sh", "-c", commands], check=True)
+    assert secrets.read_text() == "HF_TOKEN=hf_kept\n"
 
 
 def test_deploy_files_refuses_an_image_the_vm_cannot_pull_by_digest(

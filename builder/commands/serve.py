@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -318,9 +319,10 @@ def cmd_deploy_files(args: argparse.Namespace) -> None:
     if args.install:
         lines.append(f"then: {enable}")
     else:  # cp -n: a secrets file already there keeps its token
+        compose_q, env_q, unit_q = map(shlex.quote, map(str, (compose, env_file, unit)))
         lines.append(
             f"on the VM (the unit runs compose in {service_dir}/): mkdir -p {service_dir} && "
-            f"cp {compose} {service_dir}/ && cp -n {env_file} {service_dir}/ && cp {unit} "
+            f"cp {compose_q} {service_dir}/ && cp -n {env_q} {service_dir}/ && cp {unit_q} "
             f"{deploy.SYSTEMD_DIR}/ && {enable}"
         )
     lines.append(f"ready when: {recipe.wait_ready_command()}")
