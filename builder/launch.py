@@ -41,7 +41,9 @@ _PARAM = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 class Overrides:
     model: str | None = None
     port: int | None = None
-    params: tuple[tuple[str, str], ...] = ()  # the operator's own --set, on this command line
+    # The operator's own --set, on this command line: KEY for every profile, PROFILE:KEY
+    # for one (params_for).
+    params: tuple[tuple[str, str], ...] = ()
     extra_args: tuple[str, ...] = ()
     hf_cache: str | None = None  # None: HF_CACHE_DEFAULT
     container_name: str | None = None
@@ -80,6 +82,11 @@ class Recipe:
     # (flag, host folder) of each read-write mount outside SERVING_STATE_ROOT: the
     # operator's own flag on this command line put it there, and is told so.
     outside_state_root: tuple[tuple[str, str], ...] = ()
+    # A line for each param the profile's `derived` table filled in from one the operator
+    # set: said by the command that launches or deploys it.
+    derived: tuple[str, ...] = ()
+    # The tag the image was given by, when `image` is its digest: for people, never run.
+    image_tag: str = ""
 
     @property
     def model_is_local(self) -> bool:
@@ -212,7 +219,9 @@ def load_profiles(target_file: Path) -> tuple[dict[str, dict], str]:
     if not isinstance(default, str) or default not in profiles:
         raise BuilderError(f"{path}: field 'default' names unknown profile '{default}'")
     for name in profiles:
-        _fallback(_flatten(profiles, name, path), name, path)
+        profile = _flatten(profiles, name, path)
+        _fallback(profile, name, path)
+        _derivations(profile, name, path)
     return profiles, default
 
 
@@ -228,7 +237,7 @@ def _flatten(profiles: dict[str, dict], name: str, path: Path | str, seen: tuple
         return profile
     parent = _flatten(profiles, parent_name, path, (*seen, name))
     merged = {**parent, **profile}
-    for table in ("params", "env", "expect", "fallback"):
+    for table in ("params", "env", "expect", "fallback", "derived"):
         merged[table] = {**parent.get(table, {}), **profile.get(table, {})}
     merged["args"] = [*parent.get("args", []), *profile.get("extra_args", [])]
     merged.pop("extra_args", None)
@@ -245,6 +254,7 @@ _SCALAR = (str, int, float, bool)
 _FIELDS: dict[str, str] = {
     "args": "strings", "extra_args": "strings", "chosen_by_sglang": "strings",
     "params": "table", "env": "table", "expect": "table", "fallback": "table",
+    "derived": "table",
     "volumes": "volumes", "refuse": "refusals",
     "description": "string", "warning": "string", "container_name": "string",
     "shm_size": "string", "extends": "string",
@@ -359,6 +369,95 @@ def fallback_why(known: Profiles, name: str) -> str:
     return str(profile.get("fallback", {}).get(FALLBACK_WHY, ""))
 
 
+# `[profiles.NAME.derived]`: a param builder fills in from another one the operator set,
+# where the engine accepts one value only (sglang: draft tokens = steps + 1 with topk 1):
+# `KEY = "SOURCE + N"` (or `- N`, or `SOURCE`), matched by this pattern, never evaluated.
+_DERIVATION = re.compile(r"\s*([a-z_][a-z0-9_]*)\s*(?:([+-])\s*(\d{1,9}))?\s*")
+
+
+@dataclass(frozen=True)
+class Derivation:
+    key: str
+    source: str
+    offset: int
+    rule: str  # as profiles.toml writes it
+
+
+def _derivations(profile: dict, name: str, path: Path | str) -> tuple[Derivation, ...]:
+    """A profile's `derived` table, each rule checked: `SOURCE`, `SOURCE + N` or
+    `SOURCE - N`, both params of the profile."""
+    where = f"{path}: profile '{name}' derived"
+    params = profile.get("params", {})
+    found = []
+    for key, rule in profile.get("derived", {}).items():
+        match = _DERIVATION.fullmatch(rule) if isinstance(rule, str) else None
+        if not match:
+            raise BuilderError(
+                f'{where}: \'{key}\' must be "PARAM + N" or "PARAM - N" (N a whole number)'
+            )
+        source, sign, number = match.groups()
+        for param in (key, source):
+            if param not in params:
+                raise BuilderError(
+                    f"{where}: '{param}' is not a param of the profile (params: "
+                    f"{', '.join(sorted(params))})"
+                )
+        if source == key:
+            raise BuilderError(f"{where}: '{key}' is derived from itself")
+        offset = int(number or 0) * (-1 if sign == "-" else 1)
+        found.append(Derivation(key, source, offset, rule.strip()))
+    return tuple(found)
+
+
+def _derive(
+    rules: tuple[Derivation, ...], params: dict[str, str], set_here: set[str], name: str
+) -> tuple[str, ...]:
+    """Each derived param the operator left alone, filled in from its source they set (in
+    `params`); a line per param saying so. Both set: theirs, checked as given."""
+    said = []
+    for rule in rules:
+        if rule.source not in set_here or rule.key in set_here:
+            continue
+        value = params[rule.source]
+        if not value.isdigit():
+            raise BuilderError(
+                f"--set {rule.source}={value}: not a whole number, and profile '{name}' derives "
+                f"{rule.key} from it ({rule.rule})"
+            )
+        params[rule.key] = str(int(value) + rule.offset)
+        said.append(
+            f"{rule.key}={params[rule.key]}: derived from {rule.source}={value} (profile "
+            f"'{name}': {rule.key} = {rule.rule})"
+        )
+    return tuple(said)
+
+
+def split_profile_key(key: str) -> tuple[str | None, str]:
+    """`--set PROFILE:KEY=VALUE` sets a param of that profile alone (one of a sweep's):
+    (PROFILE, KEY); a plain KEY applies to every profile: (None, KEY)."""
+    profile, colon, bare = key.partition(":")
+    return (profile, bare) if colon else (None, key)
+
+
+def params_for(
+    pairs: tuple[tuple[str, str], ...] | list[tuple[str, str]], profile: str
+) -> tuple[tuple[str, str], ...]:
+    """The `--set` (key, value) pairs that apply to `profile`: every plain one, then those
+    given as PROFILE:KEY for this profile, which win; one for another profile is refused."""
+    plain, own = [], []
+    for key, value in pairs:
+        named, bare = split_profile_key(key)
+        if named is None:
+            plain.append((key, value))
+        elif named == profile:
+            own.append((bare, value))
+        else:
+            raise BuilderError(
+                f"--set {key}={value}: for profile {named}, but this is profile {profile}"
+            )
+    return (*plain, *own)
+
+
 def _substitute(value: Any, params: dict[str, str], where: str, path: Path | str) -> Any:
     if not isinstance(value, str):
         return value
@@ -383,7 +482,7 @@ def resolve(
 
     params = {k: str(v) for k, v in profile.get("params", {}).items()}
     refuse_control_characters(overrides)
-    given = dict(overrides.params)
+    given = dict(params_for(overrides.params, name))
     taken = dict(overrides.taken_params)
     for key in (*given, *taken):
         if key not in params:
@@ -391,6 +490,7 @@ def resolve(
             flag = f"--set {key}" if key in given else f"{overrides.taken_from}: param {key}"
             raise BuilderError(f"{flag}: profile '{name}' has no such param (params: {known})")
     params |= given | taken
+    derived = _derive(_derivations(profile, name, path), params, {*given, *taken}, name)
     # The operator's own: a --set on this command line whose value is the one that stands.
     own = {key for key, value in given.items() if params[key] == value}
     if overrides.port is not None:
@@ -485,6 +585,7 @@ def resolve(
         api_key_file=overrides.api_key_file or "",
         extra_args=overrides.extra_args,
         outside_state_root=tuple(outside),
+        derived=derived,
     )
 
 
@@ -647,7 +748,16 @@ def checked_for_files(recipe: Recipe) -> Recipe:
         if not pattern.fullmatch(value):
             raise BuilderError(f"{what} {value!r}: not allowed in generated files")
     validate.image_reference("image", recipe.image)
+    if recipe.image_tag:
+        validate.image_reference("image tag", recipe.image_tag)
     return recipe
+
+
+def _image_tag_comment(recipe: Recipe) -> list[str]:
+    """The tag the image was given by, for people: the digest is what runs."""
+    if not recipe.image_tag:
+        return []
+    return [f"# Image {recipe.image_tag} when deployed, pinned to its digest (a tag can move)"]
 
 
 def compose_file(recipe: Recipe) -> str:
@@ -655,6 +765,7 @@ def compose_file(recipe: Recipe) -> str:
     checked_for_files(recipe)
     lines = [
         f"# Generated by builder for profile {recipe.profile}. Start: docker compose up -d",
+        *_image_tag_comment(recipe),
         f"# Ready when: {recipe.to_json()['readiness']['command']}",
         "services:",
         "  sglang:",
@@ -718,11 +829,14 @@ def _compose_value(value: str, keep_home: bool = False) -> str:
 
 def systemd_unit(recipe: Recipe, directory: str) -> str:
     """compose in the foreground under systemd: a crash fails the unit, which restarts with
-    a back-off and, after five crashes in an hour, stays `failed` for an operator to see."""
+    a back-off and, after five crashes in an hour, stays `failed` for an operator to see.
+    `directory` holds compose.yaml and the secrets file where the unit runs (deploy-files:
+    the installed location, wherever the files were written)."""
     checked_for_files(recipe)
     return (
         f"# Generated by builder for profile {recipe.profile}.\n"
-        "[Unit]\n"
+        + "".join(f"{line}\n" for line in _image_tag_comment(recipe))
+        + "[Unit]\n"
         f"Description=sglang {recipe.profile} ({recipe.image})\n"
         "After=docker.service network-online.target\n"
         "Requires=docker.service\n"

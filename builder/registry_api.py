@@ -192,6 +192,13 @@ def _image_config(reference: str) -> dict:
     return json.loads(_checked(client.get(f"/blobs/{config}"), config, f"{reference}: config"))
 
 
+def manifest_digest(reference: str) -> str:
+    """The digest of what `reference` (a tag) names in its registry now: its manifest's, or
+    an index's own, as `docker pull` resolves it; what `REPO@sha256:...` pins."""
+    client = _Client(reference)
+    return "sha256:" + hashlib.sha256(client.get(f"/manifests/{client.ref}", _ACCEPT)).hexdigest()
+
+
 def labels(reference: str) -> dict[str, str]:
     config = image_config(reference)
     found = (config.get("config") or {}).get("Labels") or {} if isinstance(config, dict) else None

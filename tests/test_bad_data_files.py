@@ -25,6 +25,7 @@ from tests.conftest import REPO_ROOT
 
 TOKEN = "T0pS3cret"
 IMAGE = "registry.example/ml/sglang-sm120:v1"
+PUSHED = {"pushed": {"reference": "registry.example/ml/sglang-sm120@sha256:" + "a" * 64}}
 TARGET = "sm120-0.5.9"
 
 
@@ -226,7 +227,7 @@ def test_a_failed_pin_swap_puts_the_old_series_back(tmp_path: Path, monkeypatch)
 
 def test_a_line_break_in_name_adds_no_line_and_writes_nothing(work) -> None:
     data, cwd = work
-    manifest = _manifest(cwd.parent, {"reference": IMAGE})
+    manifest = _manifest(cwd.parent, PUSHED)
     line = _cli(
         cwd, "deploy-files", "--data-dir", str(data), "--manifest", str(manifest),
         "--out", "deploy", "--name", "glm5\n    privileged: true",
@@ -265,7 +266,7 @@ def test_a_profile_name_never_leads_out_of_the_install_root(work) -> None:
     profiles.write_text(
         re.sub(r"\[profiles\.glm5-nvfp4-tp8([.\]])", rf'[profiles."{evil}"\1', text)
     )
-    manifest = _manifest(cwd.parent, {"reference": IMAGE})
+    manifest = _manifest(cwd.parent, PUSHED)
     root = cwd / "root"
     root.mkdir()
     line = _cli(
@@ -276,17 +277,22 @@ def test_a_profile_name_never_leads_out_of_the_install_root(work) -> None:
     assert not any(root.iterdir()) and not (cwd.parent / "escape").exists()
 
 
-def test_a_refused_out_folder_leaves_no_compose_file_behind(work) -> None:
-    """--out goes into the unit's WorkingDirectory=: a line break there is refused, and
-    compose.yaml (which has no such line) is not written on its own either."""
+def test_a_line_break_in_the_out_folder_never_reaches_the_unit(work) -> None:
+    """--out went into the unit's WorkingDirectory=, where a line break would add a line:
+    the unit now names the installed folder, whatever --out is."""
     data, cwd = work
-    manifest = _manifest(cwd.parent, {"reference": IMAGE})
-    line = _cli(
-        cwd, "deploy-files", "--data-dir", str(data), "--manifest", str(manifest),
-        "--out", "deploy\nExecStartPre=/bin/id",
+    manifest = _manifest(cwd.parent, PUSHED)
+    out = cwd / "deploy\nExecStartPre=/bin/id"
+    env = {**os.environ, "BUILDER_CONFIG": "/nonexistent", "BUILDER_TARGET": TARGET}
+    written = subprocess.run(
+        [sys.executable, "-m", "builder.cli", "deploy-files", "--data-dir", str(data),
+         "--manifest", str(manifest), "--out", str(out)],
+        capture_output=True, text=True, env=env, cwd=cwd, timeout=120,
     )  # fmt: skip
-    assert "a directory with a line break cannot go in a systemd unit" in line
-    assert not any(cwd.iterdir())
+    assert written.returncode == 0, written.stderr
+    unit = (out / "sglang-glm5-nvfp4-tp8.service").read_text()
+    assert "ExecStartPre" not in unit
+    assert "\nWorkingDirectory=/etc/sglang/glm5-nvfp4-tp8\n" in unit
 
 
 # --- numbers: NaN and infinity ----------------------------------------------------------------

@@ -510,3 +510,68 @@ def test_the_sweep_s_api_key_file_is_deployed_and_another_is_refused(
         f"--api-key-file {key}: {without}/chosen.json records none, what the sweep's server "
         "ran; drop --api-key-file, or re-run the sweep with it"
     )
+
+
+def test_a_tag_is_deployed_by_the_digest_it_names_now(vm, tmp_path: Path) -> None:
+    """#55: `deploy-files --image REPO:TAG` wrote the tag into compose.yaml and the unit:
+    whoever pushes that tag next chose what the unit starts. The tag is resolved in the
+    registry, its recipe read by that digest, and kept only in a comment."""
+    digest = _push_image(vm, "vm/tagged", "v1", {"io.builder.launch": _facts(PROFILE)})
+    tagged, pinned = f"{vm}/vm/tagged:v1", f"{vm}/vm/tagged@{digest}"
+    out = tmp_path / "deploy"
+    result = builder(tmp_path, "deploy-files", "--image", tagged, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    compose = (out / "compose.yaml").read_text()
+    assert yaml.safe_load(compose)["services"]["sglang"]["image"] == pinned
+    noted = f"# Image {tagged} when deployed, pinned to its digest (a tag can move)"
+    assert noted in compose.splitlines()
+    assert f"--image {pinned}" in compose, "the readiness check names the digest too"
+    unit = (out / "sglang-p.service").read_text()
+    assert noted in unit.splitlines() and f"Description=sglang p ({pinned})" in unit
+    assert f"{tagged} " not in compose.replace(noted, "") + unit.replace(noted, "")
+    # The tag moves: a new deploy pins what it names then.
+    moved = _push_image(vm, "vm/tagged", "v1", {"io.builder.launch": _facts({**PROFILE,
+                        "description": "pushed later"})})  # fmt: skip
+    assert moved != digest
+    again = builder(tmp_path, "deploy-files", "--image", tagged, "--out", str(tmp_path / "d2"))
+    assert again.returncode == 0, again.stderr
+    service = yaml.safe_load((tmp_path / "d2" / "compose.yaml").read_text())["services"]
+    assert service["sglang"]["image"] == f"{vm}/vm/tagged@{moved}"
+
+
+def test_a_tag_whose_digest_cannot_be_read_is_refused_with_how_to_pin_it(
+    vm, tmp_path: Path
+) -> None:
+    absent = f"{vm}/vm/deploy:absent"
+    assert refused(builder(tmp_path, "deploy-files", "--image", absent, "--out", "deploy")) == (
+        f"--image {absent}: a tag, which can move, and its registry did not give its digest "
+        f"({absent}: the registry answered 404); give --image {vm}/vm/deploy@sha256:DIGEST "
+        "(where it was pulled: docker image inspect --format '{{index .RepoDigests 0}}' "
+        f"{absent})"
+    )
+    assert nothing_written(tmp_path)
+
+
+def test_one_profile_s_own_set_is_recorded_and_deployed(
+    image: str, model: Path, tmp_path: Path
+) -> None:
+    """`--set PROFILE:KEY=VALUE` sets a param of one profile of a sweep (over a plain
+    `--set`): its receipt and chosen.json record it as KEY=VALUE, and deploy-files
+    reproduces that server; the operator may repeat it either way, not for another."""
+    assert qualify_sweep.sets_for(["mem=0.8", "p:mem=0.7", "q:backend=x", "backend=full"], "p") == [
+        "mem=0.8", "backend=full", "mem=0.7"
+    ]  # fmt: skip
+    swept = sweep_folder(tmp_path / "q", image, "--model", str(model),
+                         "--set", "p:mem=0.7", "--set", "mem=0.8")  # fmt: skip
+    receipt = json.loads((swept / "p" / "receipt.json").read_text())
+    assert receipt["server"]["params"] == [["mem", "0.7"]]
+    assert json.loads((swept / "chosen.json").read_text())["chosen"]["params"] == [["mem", "0.7"]]
+    for given in ((), ("--set", "p:mem=0.7"), ("--set", "mem=0.7")):
+        result = deploy(tmp_path, swept, *given)
+        assert result.returncode == 0, result.stderr
+        service = yaml.safe_load((tmp_path / "deploy" / "compose.yaml").read_text())
+        command = service["services"]["sglang"]["command"]
+        assert command[command.index("--mem-fraction-static") + 1] == "0.7"
+    assert refused(deploy(tmp_path, swept, "--set", "q:mem=0.7")) == (
+        f"--set q:mem=0.7: {swept}/chosen.json chose profile p, not q"
+    )

@@ -384,7 +384,9 @@ def test_a_server_from_the_recipe_with_an_api_key_file(
         assert key not in container.logs().decode()
         assert str(port) in container.attrs["Config"]["Cmd"], "served on the recipe's port"
         out = tmp_path / "deploy"
-        bare_builder(tmp_path, docker_host, "deploy-files", "--image", standin_image,
+        # By its id: a local tag has no digest to pin (deploy-files deploys by digest).
+        image_id = docker_client.images.get(standin_image).id
+        bare_builder(tmp_path, docker_host, "deploy-files", "--image", image_id,
                      "--api-key-file", str(key_file), "--out", str(out))  # fmt: skip
         for generated in out.iterdir():
             assert key not in generated.read_text(), generated.name

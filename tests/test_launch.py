@@ -317,16 +317,107 @@ def test_installed_unit_runs_compose_with_its_secrets_and_no_home(
     assert os.path.exists(working / "compose.yaml")
 
 
-def test_deploy_files_hint_names_the_unit_by_its_absolute_path(
+def test_a_unit_written_anywhere_runs_from_the_folder_it_is_installed_in(
     builder: Builder, tmp_path: Path
 ) -> None:
+    """#55: the unit's WorkingDirectory and EnvironmentFile were the --out folder it was
+    written to (a build host's, a home folder), so the unit copied to the VM as told ran
+    nothing. It names /etc/sglang/PROFILE/; the printed copy puts the files where
+    --install does, byte for byte."""
+    import subprocess
+
     _manifest(builder.data_dir / "manifests/sm120-0.5.9", pushed=True)
-    out = tmp_path / "deploy"
+    out = tmp_path / "rendered here"  # a space: the printed copy quotes the paths
     result = builder.run("deploy-files", "--out", str(out))
-    unit = out.resolve() / "sglang-glm5-nvfp4-tp8.service"
-    assert f"on the VM: cp {unit} /etc/systemd/system/" in result.stdout
+    unit = out / "sglang-glm5-nvfp4-tp8.service"
     service = _systemd_service(unit.read_text())
-    assert service["WorkingDirectory"] == str(out.resolve())
+    assert service["WorkingDirectory"] == "/etc/sglang/glm5-nvfp4-tp8"
+    assert service["EnvironmentFile"] == "/etc/sglang/glm5-nvfp4-tp8/sglang-glm5-nvfp4-tp8.env"
+    assert str(out) not in unit.read_text()
+    (copy,) = [line for line in result.stdout.splitlines() if line.startswith("on the VM")]
+    # The printed commands, run under a stand-in root (no systemctl here).
+    copied = tmp_path / "copied"
+    commands = copy.split(": ", 1)[1].split(" && systemctl")[0].replace(" /etc/", f" {copied}/etc/")
+    (copied / "etc/systemd/system").mkdir(parents=True)
+    subprocess.run(["/bin/sh", "-c", commands], check=True)
+    installed = tmp_path / "installed"
+    builder.run("deploy-files", "--install", "--root", str(installed))
+    files = sorted(p.relative_to(installed) for p in installed.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(copied) for p in copied.rglob("*") if p.is_file())
+    for path in files:
+        assert (copied / path).read_bytes() == (installed / path).read_bytes(), path
+        assert (copied / path).stat().st_mode == (installed / path).stat().st_mode, path
+    # Copied again after an upgrade: the secret filled in on the VM stays.
+    secrets = copied / "etc/sglang/glm5-nvfp4-tp8/sglang-glm5-nvfp4-tp8.env"
+    secrets.write_text("HF_TOKEN=hf_kept\n")
+    subprocess.run(["/bin/sh", "-c", commands], check=True)
+    assert secrets.read_text() == "HF_TOKEN=hf_kept\n"
+
+
+def test_deploy_files_refuses_an_image_the_vm_cannot_pull_by_digest(
+    builder: Builder, tmp_path: Path
+) -> None:
+    """An unpushed manifest's image is a local tag: `launch` on the build host warns and
+    prints it; deploy-files, whose files are for the VM, writes nothing."""
+    manifest = _manifest(builder.data_dir / "manifests/sm120-0.5.9", pushed=False)
+    out = tmp_path / "deploy"
+    result = builder.run("deploy-files", "--out", str(out), check=False)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {manifest}: image sglang-sm120:test was not pushed (a local tag, which can "
+        "move and which the VM cannot pull): push it (`builder publish`, or `builder image "
+        "--push REGISTRY/REPO`), or give --image REPO@sha256:DIGEST"
+    )
+    assert not out.exists()
+
+
+def _install(builder: Builder, root: Path, *args: str):
+    return builder.run("deploy-files", "--install", "--root", str(root), *args, check=False)
+
+
+def test_a_second_profile_is_not_installed_on_a_port_or_name_another_unit_uses(
+    builder: Builder, tmp_path: Path
+) -> None:
+    """#55: two profiles installed on one port, without a word: whichever started second
+    failed. Both glm5 profiles publish 30000 as container sglang-glm5."""
+    _manifest(builder.data_dir / "manifests/sm120-0.5.9", pushed=True)
+    root = tmp_path / "root"
+    units = root / "etc/systemd/system"
+    assert _install(builder, root).returncode == 0
+    first = units / "sglang-glm5-nvfp4-tp8.service"
+    remove = f"systemctl disable --now sglang-glm5-nvfp4-tp8 && rm {first}"
+
+    def refused(*args: str) -> str:
+        result = _install(builder, root, "--profile", "glm5-nvfp4-tp8-fusion", *args)
+        assert result.returncode == 1, result.stdout
+        assert not (units / "sglang-glm5-nvfp4-tp8-fusion.service").exists()
+        assert not (root / "etc/sglang/glm5-nvfp4-tp8-fusion").exists()
+        return result.stderr.strip().splitlines()[-1]
+
+    assert refused() == (
+        f"error: --install: port 30000 is already used by sglang-glm5-nvfp4-tp8.service, "
+        f"installed for another profile ({first}); give another --port, or remove that unit "
+        f"first ({remove})"
+    )
+    assert refused("--port", "30001") == (
+        f"error: --install: container name sglang-glm5 is already used by "
+        f"sglang-glm5-nvfp4-tp8.service, installed for another profile ({first}); give "
+        f"another --name, or remove that unit first ({remove})"
+    )
+    beside = _install(builder, root, "--profile", "glm5-nvfp4-tp8-fusion", "--port", "30001",
+                      "--name", "sglang-glm5-fusion")  # fmt: skip
+    assert beside.returncode == 0, beside.stderr
+    # The same profile again replaces its own unit, on any port.
+    again = _install(builder, root, "--port", "30002")
+    assert again.returncode == 0, again.stderr
+    assert (
+        '"127.0.0.1:30002:30002"' in (root / "etc/sglang/glm5-nvfp4-tp8/compose.yaml").read_text()
+    )
+    # A unit builder did not write is not read, whatever its folder holds.
+    (units / "sglang-other.service").write_text(
+        "[Service]\nWorkingDirectory=/etc/sglang/glm5-nvfp4-tp8\n"
+    )
+    assert _install(builder, root, "--port", "30002").returncode == 0
 
 
 def test_the_container_carries_the_profile_it_was_launched_with() -> None:
@@ -617,3 +708,86 @@ def test_an_operator_volume_folder_must_be_absolute() -> None:
     mine = launch.resolve(profiles, "p", IMAGE, launch.Overrides(params=(("cache", "/srv/c/"),)))
     assert ("/srv/c", "/root/.cache/sglang", "rw") in mine.volumes
     assert mine.outside_state_root == (("--set cache=/srv/c/", "/srv/c"),)
+
+
+# -- params: one profile's own --set, and what a profile derives ------------------------------
+
+
+def test_a_set_for_one_profile_applies_to_it_alone_and_wins() -> None:
+    """`--set PROFILE:KEY=VALUE` (a sweep's, one profile's): over a plain `--set KEY=VALUE`
+    whatever the order, recorded as KEY=VALUE; one for another profile is refused."""
+    given = (("glm5-nvfp4-tp8:mem_fraction_static", "0.8"), ("mem_fraction_static", "0.9"))
+    recipe = launch.resolve(CURRENT, "glm5-nvfp4-tp8", IMAGE, launch.Overrides(params=given))
+    assert _flag(recipe.args, "--mem-fraction-static") == "0.8"
+    assert recipe.params == (("mem_fraction_static", "0.8"),)
+    with pytest.raises(BuilderError) as refused:
+        launch.resolve(CURRENT, "glm5-nvfp4-tp8-mtp", IMAGE, launch.Overrides(params=given))
+    assert str(refused.value) == (
+        "--set glm5-nvfp4-tp8:mem_fraction_static=0.8: for profile glm5-nvfp4-tp8, but this "
+        "is profile glm5-nvfp4-tp8-mtp"
+    )
+
+
+@pytest.mark.parametrize("profile", ["glm5-nvfp4-tp8-mtp", "glm52-nvfp4-tp8-mtp"])
+def test_draft_tokens_follow_the_steps_the_operator_sets(profile: str) -> None:
+    """#55: `--set speculative_num_steps=2` alone was refused (draft tokens stayed 4),
+    though with topk 1 sglang keeps only steps + 1: the profile derives it and says so."""
+    steps = (("speculative_num_steps", "2"),)
+    recipe = launch.resolve(CURRENT, profile, IMAGE, launch.Overrides(params=steps))
+    assert _flag(recipe.args, "--speculative-num-steps") == "2"
+    assert _flag(recipe.args, "--speculative-num-draft-tokens") == "3"
+    assert recipe.expect["speculative_num_draft_tokens"] == "3"
+    assert recipe.params == steps, "what the operator said, derived again on every replay"
+    assert recipe.derived == (
+        "speculative_num_draft_tokens=3: derived from speculative_num_steps=2 (profile "
+        f"'{profile}': speculative_num_draft_tokens = speculative_num_steps + 1)",
+    )
+    assert not launch.resolve(CURRENT, profile, IMAGE, launch.Overrides()).derived
+    # Both given: the operator's pair, checked as given.
+    both = (*steps, ("speculative_num_draft_tokens", "4"))
+    with pytest.raises(BuilderError, match=r"makes it steps \+ 1 = 3"):
+        launch.resolve(CURRENT, profile, IMAGE, launch.Overrides(params=both))
+    with pytest.raises(BuilderError) as refused:
+        launch.resolve(
+            CURRENT, profile, IMAGE, launch.Overrides(params=(("speculative_num_steps", "two"),))
+        )
+    assert str(refused.value) == (
+        f"--set speculative_num_steps=two: not a whole number, and profile '{profile}' derives "
+        "speculative_num_draft_tokens from it (speculative_num_steps + 1)"
+    )
+
+
+def test_launch_says_in_one_line_what_it_derived(builder: Builder) -> None:
+    _manifest(builder.data_dir / "manifests/sm120/", pushed=True)
+    result = builder.run("launch", "--target", "sm120", "--profile", "glm5-nvfp4-tp8-mtp",
+                         "--set", "speculative_num_steps=5", "--json")  # fmt: skip
+    assert json.loads(result.stdout)["args"][-1] == "6"
+    said = [line for line in result.stderr.splitlines() if "derived from" in line]
+    assert said == [
+        "speculative_num_draft_tokens=6: derived from speculative_num_steps=5 (profile "
+        "'glm5-nvfp4-tp8-mtp': speculative_num_draft_tokens = speculative_num_steps + 1)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("derived", "message"),
+    [
+        ({"b": "a * 2"}, '\'b\' must be "PARAM + N" or "PARAM - N" (N a whole number)'),
+        ({"b": "__import__('os')"}, "'b' must be \"PARAM + N\""),
+        ({"b": "c + 1"}, "'c' is not a param of the profile (params: a, b)"),
+        ({"c": "a + 1"}, "'c' is not a param of the profile (params: a, b)"),
+        ({"b": "b + 1"}, "'b' is derived from itself"),
+        ({"b": [3]}, "field 'derived' must be a table of plain values"),
+    ],
+)
+def test_a_derived_rule_is_a_param_plus_a_number_or_refused(
+    tmp_path: Path, derived: dict, message: str
+) -> None:
+    """The rule is matched, never evaluated: anything but `PARAM + N` is refused as the
+    profiles load (an image's recipe included)."""
+    profile = {"args": ["--a", "{a}", "--b", "{b}"], "params": {"a": "1", "b": "2"},
+               "derived": derived}  # fmt: skip
+    known = launch.Profiles({"p": profile}, "p", "recipe.json")
+    with pytest.raises(BuilderError) as refused:
+        launch.resolve(known, "p", IMAGE, launch.Overrides(params=(("a", "4"),)))
+    assert message in str(refused.value)

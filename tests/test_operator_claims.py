@@ -217,15 +217,17 @@ def command_part(line: str) -> str:
 
 
 def check_example(line: str) -> str | None:
-    """None when the line parses with builder's own parser and (launch, deploy-files,
-    qualify --start/--sweep) its profile, --set and --extra-arg resolve against the
-    target's profiles; else why not."""
+    """None when the line parses with builder's own parser, its --image is an image
+    reference, and (launch, deploy-files, qualify --start/--sweep; wait-ready and qualify
+    given --profile) its profile, --set and --extra-arg resolve against the target's
+    profiles; else why not."""
     import contextlib
     import io
     import shlex
 
-    from builder import launch
+    from builder import launch, validate
     from builder.cli import build_parser
+    from builder.commands.qualify_sweep import sets_for
     from builder.commands.serve import _key_values
     from builder.errors import BuilderError
     from builder.target import load_target
@@ -240,10 +242,16 @@ def check_example(line: str) -> str | None:
             return None
         return f"argparse: {errors.getvalue().strip().splitlines()[-1]}"
     command = args.command  # not words[0]: `builder -v doctor` names it second
+    try:
+        if getattr(args, "image", None) and command != "verify":
+            validate.image_reference("--image", args.image)
+    except BuilderError as exc:
+        return str(exc)
     starts = command in ("launch", "deploy-files") or (
         command == "qualify" and (args.start or args.sweep)
     )
-    if not starts or getattr(args, "profile", None) == "chosen":
+    names_a_profile = command in ("wait-ready", "qualify") and getattr(args, "profile", None)
+    if not (starts or names_a_profile) or getattr(args, "profile", None) == "chosen":
         return None
     # No daemon or registry: --image is answered by the target's own profiles.
     # The README's default target, not the suite's BUILDER_TARGET.
@@ -251,12 +259,16 @@ def check_example(line: str) -> str | None:
     known = launch.Profiles.of(load_target(REPO_ROOT, target).file)
     names = args.sweep.split(",") if getattr(args, "sweep", None) else [args.profile]
     try:
-        overrides = launch.Overrides(
-            model=args.model, port=args.port, params=tuple(_key_values("--set", args.set)),
-            extra_args=tuple(args.extra_arg), hf_cache=args.hf_cache,
-            container_name=args.name, bind=args.bind,
-        )  # fmt: skip
-        for name in names:
+        for name in names:  # a sweep's PROFILE:KEY=VALUE for that profile alone
+            sets = sets_for(args.set, name) if getattr(args, "sweep", None) else args.set
+            overrides = launch.Overrides(
+                model=getattr(args, "model", None), port=getattr(args, "port", None),
+                params=tuple(_key_values("--set", sets)),
+                extra_args=tuple(getattr(args, "extra_arg", ())),
+                hf_cache=getattr(args, "hf_cache", None),
+                container_name=getattr(args, "name", None),
+                bind=getattr(args, "bind", "127.0.0.1"),
+            )  # fmt: skip
             launch.resolve(known, name, "-", overrides)
     except BuilderError as exc:
         return str(exc)
@@ -278,6 +290,14 @@ def test_the_example_checker_refuses_what_builder_refuses() -> None:
     assert check_example("builder lanch --target sm120").startswith("argparse: ")
     assert check_example("builder launch --image $IMAGE --set kv_cache_dtype=fp8_e4m3") is None
     assert check_example("builder -q launch --set nosuch=1").startswith("--set nosuch")
+    assert check_example("builder launch --image REGISTRY/...").startswith("--image REGISTRY/...")
+    assert "unknown profile 'nosuch'" in check_example(
+        "builder wait-ready http://127.0.0.1:30000 --profile nosuch"
+    )
+    assert check_example(
+        "builder qualify --sweep glm5-nvfp4-tp8,glm5-nvfp4-tp8-mtp "
+        "--set glm5-nvfp4-tp8-mtp:speculative_num_steps=2 --set glm5-nvfp4-tp8:nosuch=1"
+    ).startswith("--set nosuch")
 
 
 def test_the_example_checker_reads_only_the_command_before_a_redirect_pipe_or_next_one() -> None:

@@ -285,6 +285,10 @@ def test_no_server_is_one_line_and_a_receipt_that_says_so(builder, tmp_path) -> 
         (["--sweep", "a,a"], "--sweep 'a,a': expected profile names, each once"),
         (["--sweep", "glm5-nvfp4-tp8,nosuch"], "unknown profile 'nosuch'"),
         (["--sweep", "glm5-nvfp4-tp8", "--set", "nosuch=1"], "--set nosuch: profile 'glm5-nvfp4-tp8' has no such param"),
+        (["--sweep", "glm5-nvfp4-tp8,glm5-nvfp4-tp8-fusion", "--set", "glm5-nvfp4-tp8-fusion:nosuch=1"],
+         "--set nosuch: profile 'glm5-nvfp4-tp8-fusion' has no such param"),
+        (["--sweep", "glm5-nvfp4-tp8", "--set", "glm5-nvfp4-tp8-fusion:port=1"],
+         "--set glm5-nvfp4-tp8-fusion:port=1: profile glm5-nvfp4-tp8-fusion is not in --sweep (glm5-nvfp4-tp8)"),
         (["http://127.0.0.1:1", "--gsm8k", "/nonexistent.jsonl"], "--gsm8k /nonexistent.jsonl: cannot read it"),
         (["http://127.0.0.1:1", "--arithmetic", "0"], "--arithmetic 0: must be a whole number above 0"),
         (["http://127.0.0.1:1", "--prefill-lens", "8k"], "--prefill-lens '8k': expected whole numbers above 0"),
@@ -306,6 +310,33 @@ def test_bad_qualify_input_is_one_line(builder, args, message) -> None:
     assert result.returncode == 1, result.stdout + result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert message in result.stderr
+
+
+def test_a_sweep_checks_every_profile_s_checkpoint_before_it_starts_any(tmp_path: Path) -> None:
+    """#55: the MTP profile's checkpoint was read when the sweep reached it, after a full
+    start of each profile before it. One model per profile (`--set PROFILE:model=DIR`);
+    the second lacks its MTP layer: refused before any start (no Docker daemon here: a
+    start would be a receipt saying so, and exit 8)."""
+    from tests.test_model_check import LAYERS, _builder, glm_config, write_checkpoint
+
+    builder = _builder(tmp_path)
+    plain = write_checkpoint(tmp_path / "GLM-5-NVFP4", glm_config(), range(LAYERS))
+    no_mtp = write_checkpoint(tmp_path / "GLM-5-NVFP4-MTP", glm_config(), range(LAYERS))
+    out = tmp_path / "q"
+    result = builder.run(
+        "qualify", "--target", "sm120", "--sweep", "glm5-nvfp4-tp8,glm5-nvfp4-tp8-mtp",
+        "--set", f"glm5-nvfp4-tp8:model={plain}", "--set", f"glm5-nvfp4-tp8-mtp:model={no_mtp}",
+        *NO_GSM8K, "--out", str(out), env={"DOCKER_HOST": "unix:///nonexistent.sock"},
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: profile glm5-nvfp4-tp8-mtp: {no_mtp} has no MTP weights: config.json declares "
+        f"num_nextn_predict_layers 1 but model.safetensors.index.json has no model.layers."
+        f"{LAYERS}.* tensor; use a checkpoint that ships the draft layer (e.g. "
+        "festr2/GLM-5-NVFP4-MTP for GLM-5)"
+    )
+    assert not (out / "glm5-nvfp4-tp8").exists(), "nothing started"
 
 
 def test_compare_puts_receipts_side_by_side_against_the_field(

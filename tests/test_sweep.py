@@ -46,8 +46,8 @@ PROFILES = {
     "wrong-at-gsm8k": {
         **BASE,
         "description": "answers half of GSM8K wrongly",
-        "args": ["--port", "{port}"],
-        "params": {"port": "30000"},
+        "args": ["--port", "{port}", "--mem-fraction-static", "{mem}"],
+        "params": {"port": "30000", "mem": "0.85"},
         "env": {"GSM8K_WRONG_FRACTION": "0.5", "STARTUP_SECONDS": "0"},
     },
 }  # fmt: skip
@@ -102,6 +102,7 @@ def test_a_sweep_retries_a_capture_hang_on_its_fallback_and_chooses_what_passed(
             "--gsm8k", str(questions), "--arithmetic", "3", "--needles", "4096",
             "--concurrency", "1,4", "--choose-at", "4", "--prompts", "4", "--input-len", "16",
             "--output-len", "4", "--prefill-lens", "256", "--level-seconds", "5",
+            "--set", "wrong-at-gsm8k:mem=0.7",  # a param of that profile alone
             "--out", str(out), "--allow-partial", check=False, path=str(bin_dir),
         )  # fmt: skip
     finally:  # whatever happened, no container is left for the tests after this one
@@ -156,6 +157,11 @@ def test_a_sweep_retries_a_capture_hang_on_its_fallback_and_chooses_what_passed(
     scored = next(g for g in wrong["gates"] if g["name"] == "gsm8k")
     assert scored["status"] == "failed" and scored["score"] < 0.94
     assert wrong["throughput"] is None and "attempts" not in wrong["startup"]
+    # Its own --set, recorded as a plain param and run; the other profile has no such param.
+    assert wrong["server"]["params"] == [["mem", "0.7"]]
+    ran = wrong["server"]["command"]
+    assert ran[ran.index("--mem-fraction-static") + 1] == "0.7"
+    assert not any(key == "mem" for key, _ in hung["server"]["params"])
 
     assert chosen["chosen"]["profile"] == "hangs-then-falls-back"
     assert chosen["chosen"]["concurrency"] == 4

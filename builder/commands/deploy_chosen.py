@@ -227,7 +227,12 @@ def _refuse_contradictions(args: argparse.Namespace, chosen: Chosen) -> None:
         )
     chose = dict(map(tuple, chosen.params))
     for item in args.set:
-        key, _, value = item.partition("=")
+        named, _, value = item.partition("=")
+        profile, key = launch.split_profile_key(named)
+        if profile not in (None, choice["profile"]):
+            raise BuilderError(
+                f"--set {item}: {where} chose profile {choice['profile']}, not {profile}"
+            )
         if key not in chose:
             raise BuilderError(
                 f"--set {item}: the sweep's server ran the profile's own {key} ({where} sets "

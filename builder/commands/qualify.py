@@ -282,22 +282,27 @@ order, stopping at the first hard failure with one line that names it:
               NVML meanwhile; then prefill at each --prefill-lens (TTFT of one request)
 The receipt (receipt.json, and receipt.png when matplotlib is installed) goes to --out;
 --push-receipt also stores it beside the image in its registry, for verify and launch.
---sweep P1,P2 starts, qualifies and stops each profile in turn (a graph-capture hang is
-retried once with the profile's [fallback] params), a receipt each in --out/PROFILE/, then
-chooses per concurrency level the fastest profile that passed every gate: --out/chosen.json
-(for `deploy-files --profile chosen`). The verdict is `qualified` only when verify (an
-image known: --image, or a --container of a builder image), the profile's backends
-(--profile, or launch's labels on the container) and throughput all ran and passed;
-with one of them left out it is `partial`, naming each and why, and exits 8 unless
---allow-partial (a sweep: such a profile stands only with --allow-partial).
+--sweep P1,P2 resolves every profile (--set KEY=VALUE for all, --set P1:KEY=VALUE for one)
+and checks the checkpoint each loads before it starts any, then starts, qualifies and stops
+each profile in turn (a graph-capture hang is retried once with the profile's [fallback]
+params), a receipt each in --out/PROFILE/, then chooses per concurrency level the fastest
+profile that passed every gate: --out/chosen.json (for `deploy-files --profile chosen`).
+The verdict is `qualified` only when verify (an image known: --image, or a --container of
+a builder image), the profile's backends (--profile, or launch's labels on the container)
+and throughput all ran and passed; with one of them left out it is `partial`, naming each
+and why, and exits 8 unless --allow-partial (a sweep: such a profile stands only with
+--allow-partial).
 Exit codes: 0 qualified (or partial with --allow-partial; a sweep: a profile chosen),
 1 bad input, 8 a check failed or partial (the receipt says which; a sweep: none
 chosen), 9 no Docker daemon, or the hub did not answer for GSM8K.
 
 examples:
   builder qualify http://127.0.0.1:30000 --container sglang-glm5 --profile glm5-nvfp4-tp8
-  builder qualify --start --image REGISTRY/sglang-sm120@sha256:... --profile glm5-nvfp4-tp8-pcie-ar
-  builder qualify --sweep glm5-nvfp4-tp8,glm5-nvfp4-tp8-pcie-ar --image REGISTRY/... --out qualify
+  builder qualify --start --image $IMAGE --profile glm5-nvfp4-tp8-pcie-ar --model /data/GLM-5-NVFP4
+  builder qualify --sweep glm5-nvfp4-tp8,glm5-nvfp4-tp8-pcie-ar --image $IMAGE \\
+      --model /data/GLM-5-NVFP4
+  builder qualify --sweep glm5-nvfp4-tp8-mtp,glm5-nvfp4-tp8-pcie-ar-mtp --image $IMAGE \\
+      --model /data/GLM-5-NVFP4-MTP --set glm5-nvfp4-tp8-pcie-ar-mtp:speculative_num_steps=2
   builder qualify --compare qualify/   # a sweep's folder, or receipts: one table, compare.png
   builder qualify --gsm8k-save gsm8k.jsonl   # where the hub is reachable; then --gsm8k FILE""",
         epilog=EPILOG,
@@ -337,7 +342,9 @@ examples:
     )
     command.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE",
-        help="a profile param the server was launched with (as launch --set)",
+        help="a profile param the server was (with --start, --sweep: is) launched with, as "
+        "launch --set; with --sweep, PROFILE:KEY=VALUE sets it for that profile alone "
+        "(over a plain KEY=VALUE)",
     )  # fmt: skip
     command.add_argument(
         "--concurrency", default=DEFAULT_CONCURRENCY, metavar="N,N,...",

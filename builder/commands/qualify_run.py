@@ -189,8 +189,11 @@ def _launched_profile(args, container) -> tuple[str | None, tuple]:
         return launched.recipe.profile, launched.recipe.params
     params = tuple(tuple(item.split("=", 1)) for item in args.set)
     if args.profile or container is None:
-        return args.profile, params
-    return launch.launched_with(container.labels or {}, params)
+        profile = args.profile
+    else:
+        profile, params = launch.launched_with(container.labels or {}, params)
+    # Recorded as they apply to its profile (PROFILE:KEY=VALUE as KEY=VALUE).
+    return profile, launch.params_for(params, profile) if profile else params
 
 
 def _expect_from_profile(

@@ -11,37 +11,73 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from builder import launch, progress, sweep, validate
+from builder import launch, model_check, progress, sweep, validate
 from builder.cache import atomic_write_text
 from builder.commands import qualify as qualify_command
 from builder.commands.common import print_json
-from builder.commands.serve import launch_overrides
+from builder.commands.serve import check_checkpoint, launch_overrides
 from builder.errors import EXIT_CODES, BuilderError
 from builder.receipt_views import RECEIPT_SCHEMA, plot_compare
 
 
+def sets_for(items: list[str], name: str) -> list[str]:
+    """The --set items for one profile of the sweep: each KEY=VALUE, then its own
+    PROFILE:KEY=VALUE without the prefix (they win); other profiles' left out."""
+    pairs = [(key, value) for key, _, value in (item.partition("=") for item in items)]
+    own = [(k, v) for k, v in pairs if launch.split_profile_key(k)[0] in (None, name)]
+    return [f"{key}={value}" for key, value in launch.params_for(own, name)]
+
+
 def _with_params(args: argparse.Namespace, name: str, fallback) -> argparse.Namespace:
-    """The options for one profile's start: its name, and its `fallback` params over the
-    user's --set, taken from the profile (they never mount outside the state folder)."""
+    """The options for one profile's start: its name, the user's --set for it, and its
+    `fallback` params over those, taken from the profile (they never mount outside the
+    state folder)."""
     one = copy.copy(args)
     one.profile, one.taken_params = name, tuple(fallback)
     one.taken_from = f"profile {name}'s fallback" if fallback else ""
+    one.set = sets_for(args.set, name)
     return one
 
 
 def prepare(args: argparse.Namespace) -> tuple[list[str], launch.Profiles]:
     """The profiles to sweep, each resolved with the user's --set and again with its
-    fallback, before any data is fetched or server started: a typo in the tenth profile
-    costs no GPU hour."""
+    fallback, and the checkpoint each would load checked, before any data is fetched or
+    server started: a typo or a checkpoint without MTP weights in the tenth profile costs
+    no GPU hour."""
     names = sweep.profile_names(args.sweep)
-    known = qualify_command.profiles_for(args)
-    for name in names:
-        for params in ((), launch.fallback_params(known, name)):
-            recipe = launch.resolve(
-                known, name, "-", launch_overrides(_with_params(args, name, params))
+    for item in args.set:
+        named, _ = launch.split_profile_key(item.partition("=")[0])
+        if named is not None and named not in names:
+            raise BuilderError(
+                f"--set {item}: profile {named} is not in --sweep ({','.join(names)})"
             )
+    known = qualify_command.profiles_for(args)
+    recipes = [
+        launch.resolve(known, name, "-", launch_overrides(_with_params(args, name, params)))
+        for name in names
+        for params in ((), launch.fallback_params(known, name))
+    ]
+    # Then the checkpoints, each once (a fallback seldom changes what is read of it), and
+    # last the warnings: a refusal is the one line a typo gets.
+    checked = set()
+    for recipe in recipes:
+        if (asked := _checkpoint_asked(recipe)) not in checked:
+            checked.add(asked)
+            check_checkpoint(recipe)
+    for recipe in {recipe.profile: recipe for recipe in recipes}.values():
         _warn_unpinned(recipe)
     return names, known
+
+
+def _checkpoint_asked(recipe: launch.Recipe) -> tuple:
+    """What `check_checkpoint` reads a recipe for: a fallback that changes none of it is not
+    checked (or warned about) twice."""
+    where = f"profile '{recipe.profile}'"
+    return (
+        recipe.profile, recipe.model, recipe.model_revision, recipe.hf_cache,
+        model_check.index_topk_pattern(recipe.args, where),
+        model_check.draft_from_checkpoint(recipe.args),
+    )  # fmt: skip
 
 
 def _warn_unpinned(recipe: launch.Recipe) -> None:

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from builder.lazy import lazy_module
 from builder.settings import resolve_data_dir
 from builder.target import load_target
 
+deploy = lazy_module("builder.deploy")
 deploy_chosen = lazy_module("builder.commands.deploy_chosen")
 docker_client = lazy_module("builder.docker_client")
 doctor = lazy_module("builder.doctor")
@@ -45,9 +47,6 @@ runtime_jit = lazy_module("builder.runtime_jit")
 validate = lazy_module("builder.validate")
 docker = lazy_module("docker")
 
-# Where `deploy-files --install` puts a profile's service files.
-INSTALL_DIR = "/etc/sglang"
-SYSTEMD_DIR = "/etc/systemd/system"
 # A start is stalled after this long without a log line (weights print progress; NCCL
 # initialisation stuck on PCIe P2P prints nothing).
 STALL_MINUTES = 10.0
@@ -136,6 +135,8 @@ def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
                 "(your own flag on this command line)"
             )
         )
+    for line in recipe.derived:
+        progress.info(escape(line))
     return recipe, source
 
 
@@ -301,17 +302,26 @@ def cmd_deploy_files(args: argparse.Namespace) -> None:
     else:
         out = validate.writable_dir("--out", args.out).resolve()
     chosen = apply_chosen(args) if args.profile == "chosen" else None
+    tag = None
+    if args.image and not args.manifest:  # the recipe read from the digest that will run
+        validate.image_reference("--image", args.image)
+        pinned = deploy.pinned("--image", args.image)
+        tag, args.image = (args.image if pinned != args.image else None), pinned
     recipe, source = recipe_from_args(args)
+    deploy.refuse_unpinned(recipe.image, source)
+    recipe = dataclasses.replace(recipe, image_tag=tag or "")
     if chosen:
         deploy_chosen.check_reproduces(recipe, chosen)
+    # The unit runs compose where the files are installed, wherever they are written now.
+    service_dir = deploy.service_dir(recipe.profile)
     if args.install:
-        service_dir = f"{INSTALL_DIR}/{recipe.profile}"
+        deploy.refuse_clash(root, recipe.profile, recipe.port, recipe.container_name)
         out = validate.writable_dir("--root", str(root / service_dir.lstrip("/")))
-        units = validate.writable_dir("--root", str(root / SYSTEMD_DIR.lstrip("/")))
+        units = validate.writable_dir("--root", str(root / deploy.SYSTEMD_DIR.lstrip("/")))
     else:
-        service_dir, units = str(out), out
+        units = out
     compose = out / "compose.yaml"
-    unit = units / f"sglang-{recipe.profile}.service"
+    unit = units / deploy.unit_name(recipe.profile)
     env_file = out / launch.env_file_name(recipe)
     # Every file's text (each checks every value it holds) before the first is written:
     # a refused value leaves nothing behind.
@@ -343,8 +353,13 @@ def cmd_deploy_files(args: argparse.Namespace) -> None:
     lines.append(f"secrets (HF_TOKEN): edit {env_file} (mode 0600)")
     if args.install:
         lines.append(f"then: {enable}")
-    else:
-        lines.append(f"on the VM: cp {unit} /etc/systemd/system/ && {enable}")
+    else:  # cp -n: a secrets file already there keeps its token
+        compose_q, env_q, unit_q = map(shlex.quote, map(str, (compose, env_file, unit)))
+        lines.append(
+            f"on the VM (the unit runs compose in {service_dir}/): mkdir -p {service_dir} && "
+            f"cp {compose_q} {service_dir}/ && cp -n {env_q} {service_dir}/ && cp {unit_q} "
+            f"{deploy.SYSTEMD_DIR}/ && {enable}"
+        )
     lines.append(f"ready when: {recipe.wait_ready_command()}")
     emit(args, result, lines)
 
@@ -532,54 +547,62 @@ def register(sub) -> None:
         "launch",
         cmd_launch,
         "print (or --run) the exact docker run for a launch profile",
-        "Print the docker run that starts the server on a GPU VM: image by digest from the "
-        "manifest, --gpus all, --ipc=host, shm size, model cache volume, port, environment and "
-        "the sglang command line of the profile. With --run, start it and wait until it is "
-        "ready (see wait-ready).\n\n"
+        "Print the docker run that starts the server on a GPU VM: the image (--image REF as "
+        "given, or by digest from the manifest), --gpus all, --ipc=host, shm size, model cache "
+        "volume, port, environment and the sglang command line of the profile. With --run, "
+        "start it and wait until it is ready (see wait-ready).\n\n"
         "examples:\n"
-        "  builder launch --target sm120\n"
-        "  builder launch --model /data/GLM-5-NVFP4 --set cuda_graph_max_bs_decode=128\n"
-        "  builder launch --profile glm5-nvfp4-tp8-fusion   # experimental, prints a warning",
+        "  builder launch --image $IMAGE   # on the GPU VM: the image's own profiles\n"
+        "  builder launch --target sm120   # on the build host: the latest manifest's image\n"
+        "  builder launch --image $IMAGE --model /data/GLM-5-NVFP4 "
+        "--set cuda_graph_max_bs_decode=128\n"
+        "  builder launch --image $IMAGE --profile glm5-nvfp4-tp8-fusion   # experimental, "
+        "prints a warning",
         uses=(PROJECT,),
     )
     add_launch_options(launch_cmd)
     launch_cmd.add_argument("--run", action="store_true", help="start it here and wait-ready")
     add_wait_options(launch_cmd, poll_default="5", when="with --run: ")
 
-    deploy = add_command(
+    deploy_cmd = add_command(
         sub,
         "deploy-files",
         cmd_deploy_files,
         "write a compose file and a systemd unit for the GPU VM",
         "Write compose.yaml (GPU reservation, host IPC, healthcheck with a start period that "
-        "allows slow starts, no restart loop) and a systemd unit that runs it, for a launch "
-        "profile and the image of a manifest. --profile chosen deploys the server a "
+        "allows slow starts, no restart loop) and a systemd unit that runs it from "
+        f"{deploy.INSTALL_DIR}/PROFILE/ (where --install puts them; with --out it says how to "
+        "copy them there), for a launch profile and an image (--image, or a manifest's), "
+        "pinned to its digest: a tag is resolved in its registry and kept in a comment. "
+        "--profile chosen deploys the server a "
         "`qualify --sweep` chose (its chosen.json in --qualify-dir): the image by digest, "
         "profile, params, model, HF cache, port, API key file and extra args its receipt's "
         "server ran, compared with that server's command argument by argument; a flag that "
         "says otherwise is refused, and a param or HF cache it names mounts read-write "
         "outside /var/lib/sglang only when your own --set or --hf-cache says the same.\n\n"
         "examples:\n"
-        "  builder deploy-files --target sm120 --out deploy/\n"
-        "  builder deploy-files --profile chosen --qualify-dir qualify/ --out deploy/",
+        "  builder deploy-files --image $IMAGE --out deploy/   # then copy as it says\n"
+        "  sudo builder deploy-files --image $IMAGE --install\n"
+        "  sudo builder deploy-files --profile chosen --qualify-dir qualify/ --install",
         uses=(PROJECT,),
     )
-    add_launch_options(deploy)
-    deploy.add_argument(
+    add_launch_options(deploy_cmd)
+    deploy_cmd.add_argument(
         "--qualify-dir",
         default="qualify",
         metavar="DIR",
         help="with --profile chosen: the `qualify --sweep --out` folder whose chosen.json "
         "(and the receipt it cites) says what to deploy (default: ./qualify)",
     )
-    deploy.add_argument("--out", default="deploy", help="output directory (default: ./deploy)")
-    deploy.add_argument(
+    deploy_cmd.add_argument("--out", default="deploy", help="output directory (default: ./deploy)")
+    deploy_cmd.add_argument(
         "--install",
         action="store_true",
         help=f"put them in place instead: compose and the secrets file in "
-        f"{INSTALL_DIR}/PROFILE/, the unit in {SYSTEMD_DIR}/",
+        f"{deploy.INSTALL_DIR}/PROFILE/, the unit in {deploy.SYSTEMD_DIR}/ (refused when "
+        "another profile's unit there uses the same port or container name)",
     )
-    deploy.add_argument(
+    deploy_cmd.add_argument(
         "--root",
         default="/",
         metavar="DIR",
@@ -598,8 +621,9 @@ def register(sub) -> None:
         "the profile and --set params `launch` started it with (its labels). "
         "Exit codes: 0 ready, 1 bad input, 3 crashed, 4 deadline passed (still loading), "
         "5 up but with other backends than expected, 6 stalled, 9 no Docker daemon.\n\n"
-        "example: builder wait-ready http://127.0.0.1:30000 --container sglang-glm5 "
-        "--profile glm5-nvfp4-tp8",
+        "examples:\n"
+        "  builder wait-ready http://127.0.0.1:30000 --container sglang-glm5   # as launched\n"
+        "  builder wait-ready http://127.0.0.1:30000 --image $IMAGE --profile glm5-nvfp4-tp8",
         formatter_class=HelpFormatter,
     )
     wait.add_argument("url", help="server base URL, e.g. http://127.0.0.1:30000")
