@@ -241,3 +241,9 @@ def forks_and_wheels(args: argparse.Namespace, ctx: pipeline.Context):
         {name: fork for name, (fork, _) in built.items()},
         {name: wheel for name, (_, wheel) in built.items()},
     )
+
+
+def print_table(rows: list[list[str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from builder.cache import atomic_write_text
 from builder.commands.common import (
     DEADLINE_MINUTES,
     EPILOG,
@@ -16,33 +15,28 @@ from builder.commands.common import (
     add_project_options,
     emit,
     print_json,
+    print_table,
 )
 from builder.commands.qualify_run import (
     STALL_MINUTES,
     Checked,
-    Launched,
     Plan,
     run_checks,
 )
+from builder.commands.qualify_start import start_and_qualify
 from builder.commands.serve import (
     add_launch_options,
     read_api_key,
-    recipe_from_args,
-    start_server,
 )
 from builder.errors import EXIT_CODES, BuilderError
 from builder.lazy import lazy_module
-from builder.settings import resolve_data_dir
-from builder.target import load_target
 
 docker_client = lazy_module("builder.docker_client")
 gsm8k = lazy_module("builder.gsm8k")
-image_recipe = lazy_module("builder.recipe")
 launch = lazy_module("builder.launch")
 progress = lazy_module("builder.progress")
 receipt_views = lazy_module("builder.receipt_views")
 validate = lazy_module("builder.validate")
-docker = lazy_module("docker")
 
 DEFAULT_CONCURRENCY = "1,32,256,1024"
 DEFAULT_NEEDLES = "4096,16384,65536"
@@ -143,46 +137,6 @@ def _check_sweep_input(args, concurrency: list[int]) -> None:
         )
 
 
-def profiles_for(args) -> launch.Profiles:
-    """The launch profiles --start and --sweep start from: the image's recipe, else the
-    checkout's target."""
-    if args.image:
-        return image_recipe.profiles_of(image_recipe.launch_recipe(args.image), args.image)
-    return launch.Profiles.of(load_target(resolve_data_dir(args.data_dir), args.target).file)
-
-
-def start_and_qualify(args, plan: Plan, out: Path, earlier: list | None = None) -> Checked:
-    """`--start`: the server from the launch options, qualified, then stopped and removed
-    (its log kept as out/server.log)."""
-    recipe, _ = recipe_from_args(args)  # every input checked before a server starts
-    known = profiles_for(args)
-    start_server(recipe)
-    progress.info(f"started {recipe.container_name} from {recipe.image}; qualifying it")
-    args.container, args.image, args.profile = recipe.container_name, None, recipe.profile
-    args.launched = Launched(recipe, known)
-    try:
-        return run_checks(args, recipe.url, plan, out, earlier)
-    finally:
-        if args.keep_server:
-            progress.info(f"{recipe.container_name} keeps running (--keep-server)")
-        else:
-            _stop_server(recipe.container_name, out)
-
-
-def _stop_server(name: str, out: Path) -> None:
-    """Gracefully, as an operator would: SIGTERM, a minute to exit, then removed; its log
-    is kept beside the receipt (server.log), since the container goes."""
-    try:
-        container = docker_client.connect().containers.get(name)
-        container.stop(timeout=60)
-        atomic_write_text(out / "server.log", container.logs().decode(errors="replace"))
-        container.remove()
-    except (BuilderError, docker.errors.NotFound, docker.errors.APIError, OSError) as exc:
-        progress.warn(f"could not stop and remove {name}: {exc}; `docker rm -f {name}`")
-        return
-    progress.info(f"stopped and removed {name}, its log in {out / 'server.log'}")
-
-
 def _report(args, checked: Checked) -> None:
     """One run's lines (or JSON), and its exit code."""
     receipt, receipt_path, plot, pushed = (
@@ -241,12 +195,6 @@ def _compare(args) -> None:
     print_table([header, *rows])
     if plot:
         print(f"plot: {plot}")
-
-
-def print_table(rows: list[list[str]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
 
 
 # Launch options that only --start uses (the server to start), and their defaults.

@@ -13,8 +13,8 @@ from rich.markup import escape
 
 from builder import launch, model_check, progress, sweep, validate
 from builder.cache import atomic_write_text
-from builder.commands import qualify as qualify_command
-from builder.commands.common import print_json
+from builder.commands.common import print_json, print_table
+from builder.commands.qualify_start import profiles_for, start_and_qualify
 from builder.commands.serve import check_checkpoint, launch_overrides
 from builder.errors import EXIT_CODES, BuilderError
 from builder.receipt_views import RECEIPT_SCHEMA, plot_compare
@@ -51,7 +51,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], launch.Profiles]:
             raise BuilderError(
                 f"--set {item}: profile {named} is not in --sweep ({','.join(names)})"
             )
-    known = qualify_command.profiles_for(args)
+    known = profiles_for(args)
     recipes = [
         launch.resolve(known, name, "-", launch_overrides(_with_params(args, name, params)))
         for name in names
@@ -93,7 +93,7 @@ def _warn_unpinned(recipe: launch.Recipe) -> None:
 def _qualify_one(args, name: str, known: launch.Profiles, plan, folder: Path) -> dict:
     """One profile: started, qualified, stopped; once more on its fallback after a
     graph-capture hang (the hung start's log kept as server-graph-capture-hang.log)."""
-    checked = qualify_command.start_and_qualify(_with_params(args, name, ()), plan, folder)
+    checked = start_and_qualify(_with_params(args, name, ()), plan, folder)
     startup = checked.receipt["startup"] or {}
     if startup.get("state") != "graph-capture hang":
         return checked.receipt
@@ -118,7 +118,7 @@ def _qualify_one(args, name: str, known: launch.Profiles, plan, folder: Path) ->
         }
     ]  # fmt: skip
     retry = _with_params(args, name, fallback)
-    return qualify_command.start_and_qualify(retry, plan, folder, earlier).receipt
+    return start_and_qualify(retry, plan, folder, earlier).receipt
 
 
 def _not_started(name: str, why: str, folder: Path) -> dict:
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace, plan, out: Path, names: list[str], known) -> N
         print_json({**doc, "chosen_file": str(chosen_path), "plot": plot and str(plot)},
                    ok=doc["chosen"] is not None)  # fmt: skip
     else:
-        qualify_command.print_table(sweep.table(doc, swept))
+        print_table(sweep.table(doc, swept))
         print(f"{sweep.summary(doc)}; {chosen_path}" + (f" (plot: {plot})" if plot else ""))
     if doc["chosen"] is None:
         raise SystemExit(EXIT_CODES["unqualified"])
