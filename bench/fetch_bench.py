@@ -83,7 +83,7 @@ def main() -> None:
                     times[tool].append(_timed(command, clone_env))
                 else:
                     command = [
-                        sys.executable, "-m", "builder.cli", "-q", "sources", "--target",
+                        sys.executable, "-m", "builder.cli.main", "-q", "sources", "--target",
                         "sm120-0.5.9", "--upstream", "flashinfer", "--data-dir", str(data),
                         "--cache-dir", str(destination), "--mirror",
                         f"https://github.com/={served}",

@@ -4,7 +4,7 @@ Run on a machine with NVIDIA GPUs, torch and nvidia-ml-py (see bench/README.md):
 
     python bench/gpu_state_check.py --out results/ [--qualify]
 
-1. `builder.gpu_state.describe()`: model, driver, power limit, memory, the P2P matrix.
+1. `builder.site.gpu_state.describe()`: model, driver, power limit, memory, the P2P matrix.
 2. The sampler qualify runs during each throughput level, over an idle window, then over a
    window in which every GPU multiplies bf16 matrices without a pause.
 3. With --qualify, `builder qualify` itself (the CLI, subprocess) against the stand-in server
@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from builder import gpu_state  # noqa: E402
+from builder.site import gpu_state  # noqa: E402
 
 
 def _load(stop: threading.Event, tflops: dict, size: int = 8192) -> None:
@@ -96,7 +96,7 @@ def _qualify_under_load(out: Path) -> dict:
     try:
         done = subprocess.run(
             [
-                sys.executable, "-m", "builder.cli", "qualify", f"http://127.0.0.1:{port}",
+                sys.executable, "-m", "builder.cli.main", "qualify", f"http://127.0.0.1:{port}",
                 "--concurrency", "1,16,64", "--prompts", "64", "--input-len", "256",
                 "--output-len", "64", "--needles", "4096", "--deadline", "1",
                 "--gsm8k", "none",  # no hub from the lent machine: the gate is skipped

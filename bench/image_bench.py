@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 import docker  # noqa: E402
 
-from builder import image  # noqa: E402
+from builder.build import image  # noqa: E402
 from tests import services  # noqa: E402
 from tests.conftest import STACK_TARGET as TARGET  # noqa: E402
 from tests.conftest import WARM_MODULES, make_data_dir, serve_upstreams  # noqa: E402
@@ -65,7 +65,7 @@ def noop_builds(client, command: list[str], env: dict, context: Path, repeat: in
         run = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
         if json.loads(run.stdout)["image"]["skipped"] is not True:
             raise RuntimeError("the no-op `builder image` built something")
-        replayed.append("no input changed since" in run.stderr)  # builder/noop.py answered
+        replayed.append("no input changed since" in run.stderr)  # builder/build/noop.py answered
 
     # Each side once before timing: the classic builder's cache for this context holds every
     # step already; builder's first no-op after a --save-context build records its inputs.
@@ -98,7 +98,7 @@ def main() -> None:
         fixture, git_daemon = serve_upstreams(work / "github")
         data = make_data_dir(work / "data", fixture)
         command = [
-            sys.executable, "-m", "builder.cli", "image", "--json",
+            sys.executable, "-m", "builder.cli.main", "image", "--json",
             "--data-dir", str(data), "--cache-dir", str(work / "cache"),
             "--mirror", fixture.mirror,
             "--wheelhouse", str(work / "wheelhouse"), "--base-image", base,

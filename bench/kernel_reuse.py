@@ -35,8 +35,9 @@ sys.path.insert(0, str(REPO))
 
 import docker  # noqa: E402
 
-from builder.kernels import trust as kernel_trust  # noqa: E402
+from builder.build.kernels import trust as kernel_trust  # noqa: E402
 from tests import services  # noqa: E402
+from tests.build.test_kernels_shared import comm_only_patch  # noqa: E402
 from tests.conftest import (  # noqa: E402
     REGISTRY_PASSWORD,
     REGISTRY_USER,
@@ -44,7 +45,6 @@ from tests.conftest import (  # noqa: E402
     make_data_dir,
     serve_upstreams,
 )
-from tests.test_kernels_shared import comm_only_patch  # noqa: E402
 
 MODULES = (
     "flashinfer.jit.norm:gen_norm_module;"
@@ -73,7 +73,7 @@ class Host:
 
     def image(self, *extra: str) -> dict:
         command = [
-            sys.executable, "-m", "builder.cli", "image", "--json", "--cache-dir", str(self.cache),
+            sys.executable, "-m", "builder.cli.main", "image", "--json", "--cache-dir", str(self.cache),
             "--base-image", self.base, *self.common, *extra,
         ]  # fmt: skip
         env = {"DOCKER_HOST": self.engine, "PATH": "/usr/bin:/bin", **CREDENTIALS, **SIGNING}

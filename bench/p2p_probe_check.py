@@ -6,14 +6,15 @@ kernel wheel too, for the PCIe IPC all-reduce; without it that stage is skipped)
 
     PYTHONPATH=. python3 bench/p2p_probe_check.py --out $OUT
 
-1. builder/probes/p2p_probe.py with this Python, as doctor runs it in the image (the
+1. builder/site/probes/p2p_probe.py with this Python, as doctor runs it in the image (the
    profile's NCCL settings, each stage under --stage-timeout): probe.json, probe.log;
-2. this host's facts (builder/p2p_host.py: lspci, IOMMU, VM, nvidia-smi): host.json;
-3. the analysis (builder/p2p.py): analysis.json, and every check printed as doctor prints it;
+2. this host's facts (builder/site/p2p_host.py: lspci, IOMMU, VM, nvidia-smi): host.json;
+3. the analysis (builder/site/p2p.py): analysis.json, and every check printed as doctor prints it;
 4. the record, written as doctor writes it, keyed by this machine's nvidia-smi, into
    OUT/p2p/<key>.json (BUILDER_P2P_DIR set to OUT/p2p; the profile's sglang_cache to
    OUT/sglang-cache, outside it);
-5. read back through launch's path (builder/p2p_record.apply on the profile builder/launch.py
+5. read back through launch's path (builder/site/p2p_record.apply on the profile
+builder/spec/launch.py
    resolves, which serve.py's recipe_from_args calls) for --profile and its -pcie-ar
    sibling, and through `builder launch --json` itself where builder's CLI can import
    here (docker, platformdirs ... are not on a bare GPU host): launch.json.
@@ -42,9 +43,10 @@ def _write(out: Path, name: str, data: dict) -> Path:
 
 def _launch_read(target_file: Path, profile: str, cache: Path) -> dict:
     """What launch applies on this machine: the profile resolved as `builder launch` resolves
-    it, then the record step recipe_from_args runs (builder/commands/serve.py)."""
-    from builder import launch, p2p_record
-    from builder.errors import BuilderError
+    it, then the record step recipe_from_args runs (builder/site/commands/serve.py)."""
+    from builder.core.errors import BuilderError
+    from builder.site import p2p_record
+    from builder.spec import launch
 
     known = launch.Profiles.of(target_file)
     overrides = launch.Overrides(params=(("sglang_cache", str(cache)),))
@@ -64,7 +66,7 @@ def _launch_cli(out: Path, target: str, profile: str, cache: Path) -> dict:
     """`builder launch --json` itself, where builder's CLI imports on this host."""
     manifest = out / "launch-manifest.json"
     manifest.write_text(json.dumps({"schema_version": 1, "image": {"reference": "p2p-check:none"}}))
-    command = [sys.executable, "-m", "builder.cli", "launch", "--target", target,
+    command = [sys.executable, "-m", "builder.cli.main", "launch", "--target", target,
                "--manifest", str(manifest), "--profile", profile,
                "--set", f"sglang_cache={cache}", "--json"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -96,8 +98,9 @@ def main() -> None:
     parser.add_argument("--note", action="append", help="a line for the summary (repeatable)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from builder import launch, p2p, p2p_host, p2p_record, p2p_run
-    from builder.target import load_target
+    from builder.site import p2p, p2p_host, p2p_record, p2p_run
+    from builder.spec import launch
+    from builder.spec.target import load_target
 
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

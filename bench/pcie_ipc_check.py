@@ -7,7 +7,7 @@ importable, nvcc on PATH and builder importable (the repository root on PYTHONPA
 
 1. builder's warm-up (images/sm120/jit_warmup.py) compiles pcie_ipc_comm for --arch
    (or --kernels names a folder an earlier warm-up --out wrote);
-2. builder/kernels/wheel.py packs it into builder's kernel wheel, as `builder image` does;
+2. builder/build/kernels/wheel.py packs it into builder's kernel wheel, as `builder image` does;
 3. the wheel is installed with pip (unzipped if pip refuses it), and a fresh process with
    FLASHINFER_DISABLE_JIT=1 asks FlashInfer for the module: where it loads it from, or
    what FlashInfer says (FlashInfer 0.7 reads a kernel wheel through
@@ -145,8 +145,8 @@ def build_wheel(args: argparse.Namespace, result: dict) -> Path:
         "module": {k: inventory["modules"][0][k] for k in ("name", "size", "sha256", "arch")},
     }
 
-    from builder.kernels.wheel import build_kernel_wheel
-    from builder.wheels import BuiltWheel
+    from builder.build.kernels.wheel import build_kernel_wheel
+    from builder.build.wheels import BuiltWheel
 
     dist = importlib.metadata.distribution("flashinfer-python")
     flashinfer = BuiltWheel(
@@ -159,7 +159,7 @@ def build_wheel(args: argparse.Namespace, result: dict) -> Path:
                                args.work / "wheels")  # fmt: skip
     shutil.copy2(built.path, args.out / built.filename)
     commit = _run(["git", "-C", str(REPO), "log", "-1", "--format=%h %s", "--",
-                   "builder/kernels/wheel.py"]).stdout.strip()  # fmt: skip
+                   "builder/build/kernels/wheel.py"]).stdout.strip()  # fmt: skip
     result["wheel"] = {"file": built.filename, "version": built.version,
                        "sha256": built.sha256, "builder_kernel_wheel_py": commit}  # fmt: skip
     return built.path

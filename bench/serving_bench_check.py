@@ -1,5 +1,5 @@
 """The command `builder qualify` runs inside a server's container (sglang's own
-bench_serving, builder/serving_bench.py), run for real against the stand-in server.
+bench_serving, builder/site/serving_bench.py), run for real against the stand-in server.
 
 sglang's bench_serving imports sglang's runtime (torch and more), so it runs from a Python
 that has sglang and its client's imports (bench/README.md says how to make one); the
@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from builder import serving_bench  # noqa: E402
+from builder.site import serving_bench  # noqa: E402
 
 KEY = "serving-bench-check-key"
 MAKE_TOKENIZER = """

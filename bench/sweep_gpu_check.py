@@ -7,13 +7,13 @@ builder's imports on PYTHONPATH (bench/README.md):
 
 No model can be served on a lent machine and it has no Docker engine, so the sweep's start,
 stall and fallback steps (containers) are proven by the suite on a real engine
-(tests/test_sweep.py). What this proves on the GPU: two stand-in servers
+(tests/site/test_sweep.py). What this proves on the GPU: two stand-in servers
 (tests/standin_sglang.py) play two profiles, one right and speculative (MTP figures on
 /server_info and in each reply), one that answers a quarter of the GSM8K questions wrongly;
 `builder qualify` (the CLI) qualifies each while every GPU multiplies bf16 matrices, with
 every gate (arithmetic from the seed, byte-identical greedy output at concurrency 1 and 32,
 the needle, GSM8K from a file of its format, MTP) and NVML sampling each level; then
-builder/sweep.py chooses from those receipts as `--sweep` does. Fails (exit 1) unless the
+builder/site/sweep.py chooses from those receipts as `--sweep` does. Fails (exit 1) unless the
 right profile is chosen at every level, the wrong one falls at its GSM8K gate (exit 8, no
 speed levels: qualify stops at the first failed check), and every level of the right one's
 receipt carries GPU samples. Writes sweep-gpu.json and chosen.json to --out.
@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.gpu_state_check import _free_port, _load  # noqa: E402
-from builder import gpu_state, sweep  # noqa: E402
+from builder.site import gpu_state, sweep  # noqa: E402
 from tests.standin_sglang import write_gsm8k_questions  # noqa: E402
 
 LEVELS = "1,32"
@@ -57,7 +57,7 @@ def _qualify(name: str, env: dict[str, str], questions: Path, out: Path) -> dict
     try:
         done = subprocess.run(
             [
-                sys.executable, "-m", "builder.cli", "qualify", f"http://127.0.0.1:{port}",
+                sys.executable, "-m", "builder.cli.main", "qualify", f"http://127.0.0.1:{port}",
                 "--concurrency", LEVELS, "--prompts", "32", "--input-len", "128",
                 "--output-len", "32", "--needles", "4096", "--prefill-lens", "2048",
                 "--arithmetic", "8", "--gsm8k", str(questions), "--deadline", "1",

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from docker.errors import NotFound
 
-from builder.target import load_target
+from builder.spec.target import load_target
 from tests import upstreams
 from tests.services import free_port
 
@@ -31,7 +31,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # jsonschema builds rfc3987-syntax's lark grammars at import (3.5 s of CPU in every worker's
 # collection) for one format, "iri-reference", which none of the suite's schemas uses: left
-# out, as builder's SBOM check does (builder/sbom.py).
+# out, as builder's SBOM check does (builder/build/sbom.py).
 sys.modules.setdefault("rfc3987_syntax", None)
 
 
@@ -47,7 +47,7 @@ def validate_manifest(manifest: dict) -> None:
 # sglang 0.5.9 and flashinfer 0.6.3 sdists, i.e. target sm120-0.5.9. Every builder run in
 # it (in-process or not) defaults to that target; tests of the current target (sglang
 # 0.5.23 from its released wheel, flashinfer 0.7.2) name `--target sm120` themselves
-# (tests/test_current_stack.py).
+# (tests/build/test_current_stack.py).
 STACK_TARGET = "sm120-0.5.9"
 os.environ["BUILDER_TARGET"] = STACK_TARGET
 # The fixture upstreams (tests/upstreams.py) are the pins of these fork folders.
@@ -80,8 +80,8 @@ _ENGINE_FIXTURES = {"docker_host", "docker_client", "registry"}
 # quicker loop while editing; the test command and CI run them.
 _ENGINE_ITSELF = {"docker_host", "docker_client"}
 _ENGINE_GROUPS = {
-    "tests.test_current_stack": "docker-engine-current-stack",
-    "tests.test_kernels_shared": "docker-engine-kernels-shared",
+    "tests.build.test_current_stack": "docker-engine-current-stack",
+    "tests.build.test_kernels_shared": "docker-engine-kernels-shared",
 }
 _LONGEST_FIRST = ["docker-engine-current-stack", "docker-engine", "docker-engine-kernels-shared"]
 _SHARED_KEY = pytest.StashKey[Path]()
@@ -99,7 +99,7 @@ def pytest_configure(config: pytest.Config) -> None:
     shared = config._tmp_path_factory.getbasetemp() / "shared"  # the workers' basetemp's parent
     shared.mkdir()
     os.environ[SHARED_DIR_ENV] = str(shared)
-    # The run is one build host: its kernel host key (builder/kernels/trust.py) is the run's,
+    # The run is one build host: its kernel host key (builder/build/kernels/trust.py) is the run's,
     # never the user's own.
     os.environ["XDG_STATE_HOME"] = str(shared / "state")
     config.stash[_SHARED_KEY] = shared
@@ -224,7 +224,7 @@ class Builder:
             options += ["--cache-dir", str(self.cache_dir), "--mirror", self.mirror]
         if command in ("wheels", "lock", "image", "publish"):
             options += ["--wheelhouse", str(self.wheelhouse)]
-        return [sys.executable, "-m", "builder.cli", *command.split(), *options, *rest]
+        return [sys.executable, "-m", "builder.cli.main", *command.split(), *options, *rest]
 
     def run(
         self, *args: str, check: bool = True, env: dict[str, str] | None = None

@@ -1,6 +1,6 @@
 """A stand-in for sglang's `python3 -m sglang.bench_serving`, inside the stand-in server's
 container: the real one imports sglang's whole GPU runtime (torch, sgl_kernel, flashinfer)
-at start, which no test image here has. tests/test_serving_bench.py checks against the real
+at start, which no test image here has. tests/site/test_serving_bench.py checks against the real
 0.5.9 and 0.5.23 sources that every option builder passes exists there and every key builder
 reads is in its result line.
 

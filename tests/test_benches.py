@@ -2,10 +2,11 @@
 helpers, and answers `--help`, in the default run: a moved builder module or a renamed helper
 breaks it here, not on the day someone measures. The measurements themselves run in their
 smallest form where the default run can afford them: bench/fetch_bench.py whole
-(tests/test_fetch.py), bench/image_bench.py's no-op comparison (tests/test_image.py); the GPU
-checks under `-m gpu` (tests/test_gpu.py). The others need a GPU, hours of nvcc, a Python
+(tests/build/test_fetch.py), bench/image_bench.py's no-op comparison (tests/build/test_image.py);
+the GPU
+checks under `-m gpu` (tests/site/test_gpu.py). The others need a GPU, hours of nvcc, a Python
 with sglang and torch, or two engines and five image builds (kernel_reuse.py, whose
-scenarios tests/test_kernels_shared.py checks one by one)."""
+scenarios tests/build/test_kernels_shared.py checks one by one)."""
 
 from __future__ import annotations
 

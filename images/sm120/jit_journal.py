@@ -28,7 +28,7 @@ _CORE = "flashinfer.jit.core"
 JOURNAL = "generators.jsonl"
 
 
-# What builder accepts back (builder/kernels/packs.py check_generator): a FlashInfer
+# What builder accepts back (builder/spec/jit/packs.py check_generator): a FlashInfer
 # generator whose arguments only choose among FlashInfer's own templates. A string is a
 # short identifier, never source text; `gen_customize_*` take C++ source and are never noted.
 _PLAIN_STRING = re.compile(r"[A-Za-z0-9_.]{0,64}")

@@ -298,7 +298,7 @@ def age_build_inputs() -> None:
 
 ENTRY_SUFFIX = ".kernel.tar"
 ENTRY_SCHEMA = 1
-_ENTRY_LIMIT = 1 << 30  # as builder/kernels/cache.py's ENTRY_LIMIT
+_ENTRY_LIMIT = 1 << 30  # as builder/build/kernels/cache.py's ENTRY_LIMIT
 
 
 _WORKSPACE = "<flashinfer-workspace>"

@@ -1,0 +1,1 @@
+"""The build host's subcommands: build, lock, publish."""

@@ -1,1 +1,0 @@
-"""The subcommands, grouped by what they are for."""

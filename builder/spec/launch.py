@@ -1,0 +1,931 @@
+"""Launch profiles: the exact server command for a target's image, as data.
+
+A profile (`images/<target>/profiles.toml`) holds the sglang arguments, environment,
+parameters (`{kv_cache_dtype}`), and what /server_info must show once ready. This module
+resolves one (with `extends` and user overrides) into a recipe: the `docker run` for a
+Proxmox GPU VM, its compose file and systemd unit, and the readiness checks.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import json
+import math
+import os
+import posixpath
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from builder.core import progress, validate
+from builder.core.errors import BuilderError
+from builder.core.tomlfile import load_toml
+from builder.spec import model_check
+
+CONTAINER_MODEL_DIR = "/models"
+HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
+# An absolute host path: a system service has no $HOME (systemd sets none without User=).
+HF_CACHE_DEFAULT = "/var/lib/sglang/huggingface"
+# The image's entrypoint (images/sm120/serve.py) hands the key in this file to sglang.
+API_KEY_IN_CONTAINER = "/run/secrets/sglang-api-key"
+API_KEY_FILE_ENV = "SGLANG_API_KEY_FILE"
+# On the container `launch` and compose start: what wait-ready and qualify check it against.
+PROFILE_LABEL = "io.builder.launch.profile"
+PARAMS_LABEL = "io.builder.launch.params"  # JSON [[key, value], ...]: the --set overrides
+_PARAM = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
+
+
+@dataclass(frozen=True)
+class Overrides:
+    model: str | None = None
+    port: int | None = None
+    # The operator's own --set, on this command line: KEY for every profile, PROFILE:KEY
+    # for one (params_for).
+    params: tuple[tuple[str, str], ...] = ()
+    extra_args: tuple[str, ...] = ()
+    hf_cache: str | None = None  # None: HF_CACHE_DEFAULT
+    container_name: str | None = None
+    bind: str = "127.0.0.1"  # host address the port is published on
+    api_key_file: str | None = None  # mounted read-only; the key itself is never read here
+    # Params a file supplies, not the operator: a sweep's chosen.json, or a profile's
+    # fallback (named by `taken_from` in refusals). They win over `params` (a fallback is
+    # tried for what it changes) but, like a profile's own, never mount outside
+    # SERVING_STATE_ROOT.
+    taken_params: tuple[tuple[str, str], ...] = ()
+    taken_from: str = ""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    profile: str
+    description: str
+    image: str
+    container_name: str
+    args: tuple[str, ...]
+    env: dict[str, str]
+    volumes: tuple[tuple[str, str, str], ...]  # (host, container, mode)
+    port: int
+    bind: str
+    shm_size: str
+    expect: dict[str, Any]
+    ready_deadline_minutes: int
+    experimental: bool
+    warning: str
+    params: tuple[tuple[str, str], ...] = ()  # the --set overrides this recipe was made with
+    model: str = ""  # a hub id, or a folder on this machine by its absolute path (mounted)
+    model_revision: str = ""  # the checkpoint revision the profile names (--revision)
+    hf_cache: str = ""  # the host folder mounted as the Hugging Face cache ("" for a folder model)
+    api_key_file: str = ""  # absolute; mounted read-only
+    extra_args: tuple[str, ...] = ()  # --extra-arg, appended to the profile's args
+    # (flag, host folder) of each read-write mount outside SERVING_STATE_ROOT: the
+    # operator's own flag on this command line put it there, and is told so.
+    outside_state_root: tuple[tuple[str, str], ...] = ()
+    # A line for each param the profile's `derived` table filled in from one the operator
+    # set: said by the command that launches or deploys it.
+    derived: tuple[str, ...] = ()
+    # The tag the image was given by, when `image` is its digest: for people, never run.
+    image_tag: str = ""
+
+    @property
+    def model_is_local(self) -> bool:
+        """A folder on this machine: `resolve` makes it absolute, and a hub id never starts
+        with `/`."""
+        return self.model.startswith("/")
+
+    def served_from(self) -> dict:
+        """What decides what this recipe serves besides its image, profile and params, as a
+        qualify receipt records it (`server.launch`) and a sweep's chosen.json carries it to
+        `deploy-files --profile chosen`."""
+        return {
+            "model": self.model or None,
+            "model_revision": self.model_revision or None,
+            "hf_cache": self.hf_cache or None,
+            "port": self.port,
+            "api_key_file": self.api_key_file or None,
+            "extra_args": list(self.extra_args),
+        }
+
+    def docker_run(self, detach: bool = True) -> list[str]:
+        command = ["docker", "run"]
+        if detach:
+            command.append("-d")
+        command += [
+            "--name", self.container_name,
+            "--gpus", "all",
+            "--ipc=host",
+            "--shm-size", self.shm_size,
+            "--ulimit", "memlock=-1",
+            "--ulimit", "stack=67108864",
+            "-p", f"{self.published_port}:{self.port}",
+        ]  # fmt: skip
+        for key, value in self.labels.items():
+            command += ["--label", f"{key}={value}"]
+        for host, container, mode in self.volumes:
+            command += ["-v", f"{host}:{container}:{mode}"]
+        for key, value in sorted(self.env.items()):
+            command += ["-e", f"{key}={value}"]
+        command += ["-e", "HF_TOKEN", self.image, *self.args]
+        return command
+
+    @property
+    def labels(self) -> dict[str, str]:
+        labels = {PROFILE_LABEL: self.profile}
+        if self.params:
+            labels[PARAMS_LABEL] = json.dumps([list(pair) for pair in self.params])
+        return labels
+
+    def shell(self) -> str:
+        """The docker run as one shell line: every word quoted, except $HOME, which stays for
+        the VM's shell to expand (`shlex.split` of it gives back `docker_run()`)."""
+        return " ".join(_shell_word(part) for part in self.docker_run())
+
+    @property
+    def published_port(self) -> str:
+        """`ADDR:PORT` on the host: loopback unless --bind opens it up."""
+        host = f"[{self.bind}]" if ":" in self.bind else self.bind
+        return f"{host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        local = "127.0.0.1" if self.bind in ("0.0.0.0", "::") else self.bind
+        return f"http://{f'[{local}]' if ':' in local else local}:{self.port}"
+
+    def wait_ready_command(self) -> str:
+        """The readiness check of exactly this recipe: its profile, params and image."""
+        words = ["builder", "wait-ready", self.url, "--container", self.container_name,
+                 "--profile", self.profile]  # fmt: skip
+        if self.image not in ("-", ""):  # "-": no image yet (a checkout's manifest names it)
+            words += ["--image", self.image]
+        for key, value in self.params:
+            words += ["--set", f"{key}={value}"]
+        return " ".join(shlex.quote(word) for word in words)
+
+    def to_json(self) -> dict:
+        return {
+            "profile": self.profile,
+            "description": self.description,
+            "image": self.image,
+            "container_name": self.container_name,
+            "experimental": self.experimental,
+            "warning": self.warning or None,
+            "model": self.model or None,
+            "model_revision": self.model_revision or None,
+            "hf_cache": self.hf_cache or None,
+            "args": list(self.args),
+            "env": self.env,
+            "volumes": [{"host": h, "container": c, "mode": m} for h, c, m in self.volumes],
+            "port": self.port,
+            "bind": self.bind,
+            "shm_size": self.shm_size,
+            "docker_run": self.docker_run(),
+            "docker_run_shell": self.shell(),
+            "readiness": {
+                "url": self.url,
+                "stages": ["port", "/health", "/health_generate", "/server_info"],
+                "deadline_minutes": self.ready_deadline_minutes,
+                "expect": self.expect,
+                "command": self.wait_ready_command(),
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Profiles:
+    """A target's launch profiles: from its profiles.toml, or the recipe inside an image."""
+
+    profiles: dict[str, dict]
+    default: str
+    where: str  # named in errors
+
+    @classmethod
+    def of(cls, target_file: Path) -> Profiles:
+        profiles, default = load_profiles(target_file)
+        return cls(profiles, default, str(profiles_file(target_file)))
+
+
+def profiles_file(target_file: Path) -> Path:
+    return target_file.parent / "profiles.toml"
+
+
+def load_profiles(target_file: Path) -> tuple[dict[str, dict], str]:
+    path = profiles_file(target_file)
+    data = load_toml(path)
+    profiles = data.get("profiles")
+    if not isinstance(profiles, dict) or not profiles:
+        raise BuilderError(f"{path}: field 'profiles' must hold at least one profile")
+    default = data.get("default", next(iter(profiles)))
+    if not isinstance(default, str) or default not in profiles:
+        raise BuilderError(f"{path}: field 'default' names unknown profile '{default}'")
+    for name in profiles:
+        profile = _flatten(profiles, name, path)
+        _fallback(profile, name, path)
+        _derivations(profile, name, path)
+    return profiles, default
+
+
+def _flatten(profiles: dict[str, dict], name: str, path: Path | str, seen: tuple = ()) -> dict:
+    if name not in profiles:
+        known = ", ".join(profiles)
+        raise BuilderError(f"{path}: unknown profile '{name}' (profiles: {known})")
+    if name in seen:
+        raise BuilderError(f"{path}: profile '{name}' extends itself")
+    profile = dict(_checked_shape(profiles[name], name, path))
+    parent_name = profile.pop("extends", None)
+    if not parent_name:
+        return profile
+    parent = _flatten(profiles, parent_name, path, (*seen, name))
+    merged = {**parent, **profile}
+    for table in ("params", "env", "expect", "fallback", "derived"):
+        merged[table] = {**parent.get(table, {}), **profile.get(table, {})}
+    merged["args"] = [*parent.get("args", []), *profile.get("extra_args", [])]
+    merged.pop("extra_args", None)
+    # A profile adds refusals and sglang-chosen keys to its parent's, never drops one.
+    for listed in ("refuse", "chosen_by_sglang"):
+        if listed in parent and listed in profile:
+            merged[listed] = [*parent[listed], *profile[listed]]
+    return merged
+
+
+_SCALAR = (str, int, float, bool)
+# Each field a profile may hold, and what it must be: a profile is read from profiles.toml or
+# from an image's recipe (whoever pushed the image wrote that one).
+_FIELDS: dict[str, str] = {
+    "args": "strings", "extra_args": "strings", "chosen_by_sglang": "strings",
+    "params": "table", "env": "table", "expect": "table", "fallback": "table",
+    "derived": "table",
+    "volumes": "volumes", "refuse": "refusals",
+    "description": "string", "warning": "string", "container_name": "string",
+    "shm_size": "string", "extends": "string",
+    "experimental": "bool", "needs_peer_access": "bool",
+    "ready_deadline_minutes": "number", "min_gpu_memory_gib": "number",
+}  # fmt: skip
+
+
+_SHAPE_NAMES = {
+    "strings": "a list of strings",
+    "table": "a table of plain values",
+    "volumes": "a list of {host, container} tables",
+    "refusals": "a list of {flag, values, why} tables",
+}
+
+
+def _shape_ok(kind: str, value: object) -> bool:
+    if kind == "strings":
+        return isinstance(value, list) and all(isinstance(item, str) for item in value)
+    if kind == "table":
+        return isinstance(value, dict) and all(isinstance(v, _SCALAR) for v in value.values())
+    if kind == "volumes":
+        return isinstance(value, list) and all(
+            isinstance(v, dict) and isinstance(v.get("host"), str)
+            and isinstance(v.get("container"), str) for v in value
+        )  # fmt: skip
+    if kind == "refusals":
+        keys = ("flag", "values", "why")
+        return isinstance(value, list) and all(
+            isinstance(v, dict) and all(isinstance(v.get(k), str) for k in keys) for v in value
+        )
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, str)
+
+
+def _checked_shape(profile: object, name: str, path: Path | str) -> dict:
+    """A profile whose every known field has the type builder uses it as; one line naming
+    the first that does not (an unknown field is left alone, as a newer builder's)."""
+    if not isinstance(profile, dict):
+        raise BuilderError(f"{path}: profile '{name}' must be a table")
+    for key, kind in _FIELDS.items():
+        if key in profile and not _shape_ok(kind, profile[key]):
+            shown = _SHAPE_NAMES.get(kind, f"a {kind}")
+            raise BuilderError(f"{path}: profile '{name}' field '{key}' must be {shown}")
+    if "args" not in profile and not profile.get("extends"):
+        raise BuilderError(f"{path}: profile '{name}' has no 'args' (and extends no profile)")
+    return profile
+
+
+def profile_number(profile: dict, key: str, default: float, where: str) -> float:
+    """A profile's numeric field: a finite number, 0 or more (TOML has `nan` and `inf`)."""
+    value = profile.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BuilderError(f"{where} field '{key}' must be a number, not {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise BuilderError(f"{where} field '{key}' is {value}: must be a finite number, 0 or more")
+    return value
+
+
+def flattened(known: Profiles, name: str) -> dict:
+    """One profile with what it inherits (`extends`), as written (params not filled in)."""
+    return _flatten(known.profiles, name, known.where)
+
+
+FALLBACK_WHY = "why"
+
+
+def _fallback(profile: dict, name: str, path: Path | str) -> tuple[tuple[str, str], ...]:
+    """A profile's `[profiles.NAME.fallback]`: params to `--set` for one more try when a
+    start stalls where the `why` says (qualify --sweep uses it). Each key must be a param
+    of the profile, with a value other than its default."""
+    table = profile.get("fallback", {})
+    where = f"{path}: profile '{name}' fallback"
+    if not isinstance(table, dict):
+        raise BuilderError(f"{where} must be a table of params and a '{FALLBACK_WHY}'")
+    params = profile.get("params", {})
+    pairs = []
+    for key, value in table.items():
+        if key == FALLBACK_WHY:
+            continue
+        if key not in params:
+            raise BuilderError(
+                f"{where}: '{key}' is not a param of the profile (params: "
+                f"{', '.join(sorted(params))})"
+            )
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise BuilderError(f"{where}: '{key}' must be a string or a number")
+        if str(value) == str(params[key]):
+            raise BuilderError(f"{where}: '{key}' = {value!r} is already the param's default")
+        pairs.append((key, str(value)))
+    why = table.get(FALLBACK_WHY, "")
+    if pairs and not (isinstance(why, str) and why.strip()):
+        raise BuilderError(f"{where}: '{FALLBACK_WHY}' must say when the fallback applies")
+    if not pairs and why:
+        raise BuilderError(f"{where}: a '{FALLBACK_WHY}' without any param to set")
+    return tuple(pairs)
+
+
+def fallback_params(known: Profiles, name: str) -> tuple[tuple[str, str], ...]:
+    """The params (key, value) a profile declares to `--set` once when a start stalls at
+    CUDA-graph capture; () when it declares none."""
+    return _fallback(flattened(known, name), name, known.where)
+
+
+def fallback_why(known: Profiles, name: str) -> str:
+    """Why the profile's fallback exists (its table's `why`); '' when it declares none."""
+    profile = flattened(known, name)
+    _fallback(profile, name, known.where)
+    return str(profile.get("fallback", {}).get(FALLBACK_WHY, ""))
+
+
+# `[profiles.NAME.derived]`: a param builder fills in from another one the operator set,
+# where the engine accepts one value only (sglang: draft tokens = steps + 1 with topk 1):
+# `KEY = "SOURCE + N"` (or `- N`, or `SOURCE`), matched by this pattern, never evaluated.
+_DERIVATION = re.compile(r"\s*([a-z_][a-z0-9_]*)\s*(?:([+-])\s*(\d{1,9}))?\s*")
+
+
+@dataclass(frozen=True)
+class Derivation:
+    key: str
+    source: str
+    offset: int
+    rule: str  # as profiles.toml writes it
+
+
+def _derivations(profile: dict, name: str, path: Path | str) -> tuple[Derivation, ...]:
+    """A profile's `derived` table, each rule checked: `SOURCE`, `SOURCE + N` or
+    `SOURCE - N`, both params of the profile."""
+    where = f"{path}: profile '{name}' derived"
+    params = profile.get("params", {})
+    found = []
+    for key, rule in profile.get("derived", {}).items():
+        match = _DERIVATION.fullmatch(rule) if isinstance(rule, str) else None
+        if not match:
+            raise BuilderError(
+                f'{where}: \'{key}\' must be "PARAM + N" or "PARAM - N" (N a whole number)'
+            )
+        source, sign, number = match.groups()
+        for param in (key, source):
+            if param not in params:
+                raise BuilderError(
+                    f"{where}: '{param}' is not a param of the profile (params: "
+                    f"{', '.join(sorted(params))})"
+                )
+        if source == key:
+            raise BuilderError(f"{where}: '{key}' is derived from itself")
+        offset = int(number or 0) * (-1 if sign == "-" else 1)
+        found.append(Derivation(key, source, offset, rule.strip()))
+    return tuple(found)
+
+
+def _derive(
+    rules: tuple[Derivation, ...], params: dict[str, str], set_here: set[str], name: str
+) -> tuple[str, ...]:
+    """Each derived param the operator left alone, filled in from its source they set (in
+    `params`); a line per param saying so. Both set: theirs, checked as given."""
+    said = []
+    for rule in rules:
+        if rule.source not in set_here or rule.key in set_here:
+            continue
+        value = params[rule.source]
+        if not value.isdigit():
+            raise BuilderError(
+                f"--set {rule.source}={value}: not a whole number, and profile '{name}' derives "
+                f"{rule.key} from it ({rule.rule})"
+            )
+        params[rule.key] = str(int(value) + rule.offset)
+        said.append(
+            f"{rule.key}={params[rule.key]}: derived from {rule.source}={value} (profile "
+            f"'{name}': {rule.key} = {rule.rule})"
+        )
+    return tuple(said)
+
+
+def split_profile_key(key: str) -> tuple[str | None, str]:
+    """`--set PROFILE:KEY=VALUE` sets a param of that profile alone (one of a sweep's):
+    (PROFILE, KEY); a plain KEY applies to every profile: (None, KEY)."""
+    profile, colon, bare = key.partition(":")
+    return (profile, bare) if colon else (None, key)
+
+
+def params_for(
+    pairs: tuple[tuple[str, str], ...] | list[tuple[str, str]], profile: str
+) -> tuple[tuple[str, str], ...]:
+    """The `--set` (key, value) pairs that apply to `profile`: every plain one, then those
+    given as PROFILE:KEY for this profile, which win; one for another profile is refused."""
+    plain, own = [], []
+    for key, value in pairs:
+        named, bare = split_profile_key(key)
+        if named is None:
+            plain.append((key, value))
+        elif named == profile:
+            own.append((bare, value))
+        else:
+            raise BuilderError(
+                f"--set {key}={value}: for profile {named}, but this is profile {profile}"
+            )
+    return (*plain, *own)
+
+
+def _substitute(value: Any, params: dict[str, str], where: str, path: Path | str) -> Any:
+    if not isinstance(value, str):
+        return value
+
+    def replace(match: re.Match) -> str:
+        key = match.group(1)
+        if key not in params:
+            raise BuilderError(f"{path}: {where} uses '{{{key}}}', which no param defines")
+        return params[key]
+
+    return _PARAM.sub(replace, value)
+
+
+def resolve(
+    source: Path | Profiles, profile_name: str | None, image: str, overrides: Overrides
+) -> Recipe:
+    """A profile resolved with the overrides; `source` is a target.toml or `Profiles`."""
+    known = source if isinstance(source, Profiles) else Profiles.of(source)
+    profiles, default, path = known.profiles, known.default, known.where
+    name = profile_name or default
+    profile = _flatten(profiles, name, path)
+
+    params = {k: str(v) for k, v in profile.get("params", {}).items()}
+    refuse_control_characters(overrides)
+    given = dict(params_for(overrides.params, name))
+    taken = dict(overrides.taken_params)
+    for key in (*given, *taken):
+        if key not in params:
+            known = ", ".join(sorted(params))
+            flag = f"--set {key}" if key in given else f"{overrides.taken_from}: param {key}"
+            raise BuilderError(f"{flag}: profile '{name}' has no such param (params: {known})")
+    params |= given | taken
+    derived = _derive(_derivations(profile, name, path), params, {*given, *taken}, name)
+    # The operator's own: a --set on this command line whose value is the one that stands.
+    own = {key for key, value in given.items() if params[key] == value}
+    if overrides.port is not None:
+        params["port"] = str(overrides.port)
+    if "port" in params and not (params["port"].isdigit() and 0 < int(params["port"]) < 65536):
+        raise BuilderError(f"--port {params['port']}: not a TCP port")
+
+    volumes: list[tuple[str, str, str]] = []
+    outside: list[tuple[str, str]] = []
+    given_model = overrides.model or (params["model"] if "model" in own else "")
+    folder = model_dir(given_model) if given_model else None
+    if not given_model and looks_like_path(params.get("model", "")):
+        default = params["model"]
+        who = (
+            f"{overrides.taken_from}: param model={default!r} is a folder on this machine, "
+            "which only your own --model mounts"
+            if "model" in taken
+            else f"{path}: profile '{name}': its default model {default!r} is a folder on "
+            "this machine, which a profile does not choose to mount"
+        )
+        raise BuilderError(f"{who}; give --model DIR")
+    hf_cache = ""
+    if folder:
+        model = folder
+        params["model"] = f"{CONTAINER_MODEL_DIR}/{posixpath.basename(folder)}"
+        volumes.append((folder, params["model"], "ro"))
+    else:
+        model = params["model"] = given_model or params.get("model", "")
+        hf_cache = overrides.hf_cache or HF_CACHE_DEFAULT
+        hf_cache = host_path(hf_cache, f"--hf-cache {hf_cache}")
+        volumes.append((hf_cache, HF_CACHE_IN_CONTAINER, "rw"))
+        if not in_state_root(hf_cache):
+            outside.append(("--hf-cache", hf_cache))
+
+    for volume in profile.get("volumes", []):
+        if not isinstance(volume, dict) or not {"host", "container"} <= volume.keys():
+            raise BuilderError(f"{path}: profile '{name}' volumes need host and container")
+        host = _substitute(volume["host"], params, f"profile '{name}' volumes", path)
+        host, own_flag = _confine_volume(
+            volume, host, own, set(taken), overrides.taken_from, f"{path}: profile '{name}'"
+        )
+        if own_flag:
+            outside.append((own_flag, host))
+        volumes.append((host, volume["container"], "rw"))
+
+    args = [_substitute(a, params, f"profile '{name}' args", path) for a in profile["args"]]
+    rendered = list(args)
+    args += list(overrides.extra_args)
+    _check_refusals(profile.get("refuse", []), args, name, path)
+    _refuse_contradictions(profile["args"], rendered, overrides.extra_args, name)
+    model_check.check_speculative_settings(args, f"profile '{name}'")
+    pattern = model_check.index_topk_pattern(args, f"profile '{name}'")
+    if pattern is not None:
+        layers = profile.get("model_layers")
+        if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int)):
+            raise BuilderError(f"{path}: profile '{name}' field 'model_layers' must be a number")
+        model_check.check_pattern(pattern, layers, f"profile '{name}'")
+    env = {
+        k: _substitute(str(v), params, f"env {k}", path) for k, v in profile.get("env", {}).items()
+    }
+    if overrides.api_key_file:
+        volumes.append((overrides.api_key_file, API_KEY_IN_CONTAINER, "ro"))
+        env[API_KEY_FILE_ENV] = API_KEY_IN_CONTAINER
+    expect = {
+        k: _substitute(v, params, f"expect {k}", path) for k, v in profile.get("expect", {}).items()
+    }
+    try:
+        port = int(params.get("port", "30000"))
+    except ValueError:
+        raise BuilderError(f"port '{params.get('port')}' is not a number") from None
+    return Recipe(
+        profile=name,
+        description=profile.get("description", ""),
+        image=image,
+        container_name=overrides.container_name or profile.get("container_name", "sglang"),
+        args=tuple(args),
+        env=env,
+        volumes=tuple(volumes),
+        port=port,
+        bind=bind_address(overrides.bind),
+        shm_size=profile.get("shm_size", "32g"),
+        expect=expect,
+        ready_deadline_minutes=int(
+            profile_number(profile, "ready_deadline_minutes", 20, f"{path}: profile '{name}'")
+        ),
+        experimental=bool(profile.get("experimental", False)),
+        warning=profile.get("warning", ""),
+        params=tuple((given | taken).items()),
+        model=model,
+        model_revision=params.get("model_revision", ""),
+        hf_cache=hf_cache,
+        api_key_file=overrides.api_key_file or "",
+        extra_args=overrides.extra_args,
+        outside_state_root=tuple(outside),
+        derived=derived,
+    )
+
+
+# `--model` names a folder on this machine when it starts like a path or names something
+# that exists here (sglang's own test: os.path.exists); anything else must be a Hugging Face
+# hub id, NAME or ORG/NAME. A profile's default model is never a folder (it is refused).
+_PATH_STARTS = ("/", "./", "../", "~")
+_HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
+_HUB_ID = re.compile(rf"{_HUB_PART}(?:/{_HUB_PART})?")
+
+
+def looks_like_path(value: str) -> bool:
+    return value.startswith(_PATH_STARTS) or value in (".", "..") or value.startswith("$HOME")
+
+
+def host_path(value: str, given_as: str) -> str:
+    """A host folder given on the command line, absolute and normal: `~` (or a leading
+    `$HOME`) expanded, a relative path taken from the working directory. Docker takes a
+    relative `-v` source for a named volume; the host's root is never mounted (`given_as`,
+    the flag and value as given, names it then)."""
+    if value == "$HOME" or value.startswith("$HOME/"):
+        value = "~" + value[len("$HOME") :]
+    # normpath keeps a leading `//` (POSIX leaves its meaning to the system): one `/` here.
+    folder = "/" + posixpath.normpath(os.path.abspath(os.path.expanduser(value))).lstrip("/")
+    if folder == "/":
+        raise BuilderError(f"{given_as}: the host's root folder is never mounted")
+    return folder
+
+
+def model_dir(model: str) -> str | None:
+    """`--model`'s folder on this machine, absolute; None for a hub id (the rule above)."""
+    if looks_like_path(model) or os.path.exists(model):
+        return host_path(model, f"--model {model}")
+    if _HUB_ID.fullmatch(model) and ".." not in model and "--" not in model:
+        return None
+    raise BuilderError(
+        f"--model {model}: not a folder on this machine, nor a Hugging Face hub id (NAME or "
+        "ORG/NAME); write a folder as a path: /DIR, ./DIR, ../DIR or ~/DIR"
+    )
+
+
+# Where a profile's writable volumes may live on the VM: the state folder builder's profiles
+# use, unless the operator names the folder with --set. A profile comes from an image's
+# recipe, which whoever pushed the image wrote: it does not choose what it mounts.
+SERVING_STATE_ROOT = "/var/lib/sglang"
+
+
+def in_state_root(host: str) -> bool:
+    """Under SERVING_STATE_ROOT, as written: absolute, normal (no `..` climbing out)."""
+    return (
+        host.startswith("/")
+        and posixpath.normpath(host) == host
+        and host.startswith(f"{SERVING_STATE_ROOT}/")
+    )
+
+
+def _confine_volume(
+    volume: dict, host: str, own: set[str], taken: set[str], taken_from: str, where: str
+) -> tuple[str, str]:
+    """(the host folder to mount, the operator's flag when it is theirs and outside
+    SERVING_STATE_ROOT, else ''); a folder anyone else chose outside it is refused: the
+    profile, or a param `taken` from `taken_from`."""
+    template, container = volume["host"], volume["container"]
+    if not (isinstance(template, str) and isinstance(container, str)):
+        raise BuilderError(f"{where}: a volume's host and container must be strings")
+    param = _PARAM.fullmatch(template)
+    key = param.group(1) if param else None
+    if key in own:  # the operator's own --set KEY=DIR on this command line
+        if not host.startswith("/"):
+            raise BuilderError(
+                f"--set {key}={host}: a folder to mount must be an absolute path (Docker "
+                "takes a relative one for a named volume)"
+            )
+        folder = host_path(host, f"--set {key}={host}")
+        return folder, "" if in_state_root(folder) else f"--set {key}={host}"
+    if in_state_root(host):
+        return host, ""
+    if key in taken:
+        raise BuilderError(
+            f"{taken_from}: {key}={host!r} would mount {host!r} read-write: outside "
+            f"{SERVING_STATE_ROOT}/ only your own --set {key}=DIR on the command line may"
+        )
+    how = f" (or --set {key}=DIR)" if key else ""
+    raise BuilderError(
+        f"{where}: volume {host!r} refused: a profile mounts read-write only under "
+        f"{SERVING_STATE_ROOT}/{how}"
+    )
+
+
+def refuse_control_characters(overrides: Overrides) -> None:
+    """What the command line (or chosen.json) gives goes into a docker run line,
+    compose.yaml (its comments too) and a systemd unit: a line break there would add lines
+    of its own."""
+    given = [
+        *((f"--set {key}", f"{key}={value}") for key, value in overrides.params),
+        *((overrides.taken_from, f"{key}={value}") for key, value in overrides.taken_params),
+        *(("--extra-arg", arg) for arg in overrides.extra_args),
+        ("--model", overrides.model or ""),
+        ("--hf-cache", overrides.hf_cache or ""),
+        ("--api-key-file", overrides.api_key_file or ""),
+    ]
+    for flag, value in given:
+        if not value.isprintable():
+            raise BuilderError(
+                f"{flag} {value!r}: a line break or another control character is not allowed"
+            )
+
+
+def _flag_values(args: list[str], flag: str) -> list[str]:
+    values = [v.split("=", 1)[1] for v in args if v.startswith(f"{flag}=")]
+    values += [args[i + 1] for i, v in enumerate(args[:-1]) if v == flag]
+    return values
+
+
+def _check_refusals(rules: Any, args: list[str], name: str, path: Path | str) -> None:
+    """A profile's `refuse` rules: a flag value (from a param, --set or --extra-arg) that the
+    profile's stack serves wrong is refused in one line saying why."""
+    if not isinstance(rules, list):
+        raise BuilderError(f"{path}: profile '{name}' field 'refuse' must be a list of tables")
+    for rule in rules:
+        if not isinstance(rule, dict) or not {"flag", "values", "why"} <= rule.keys():
+            raise BuilderError(f"{path}: profile '{name}' refuse entries need flag, values, why")
+        for value in _flag_values(args, rule["flag"]):
+            if fnmatch.fnmatchcase(value, rule["values"]):
+                raise BuilderError(
+                    f"profile '{name}': {rule['flag']} {value} refused: {rule['why']}"
+                )
+
+
+def bind_address(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value.strip("[]")))
+    except ValueError:
+        raise BuilderError(f"--bind {value}: not an IP address (e.g. 127.0.0.1, 0.0.0.0)") from None
+
+
+def all_recipes(target_file: Path, image: str) -> dict[str, dict]:
+    """Every profile with its default params, for the manifest."""
+    profiles, _ = load_profiles(target_file)
+    return {name: resolve(target_file, name, image, Overrides()).to_json() for name in profiles}
+
+
+_PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+_CONTAINER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # docker's own rule
+_SHM_SIZE = re.compile(r"\d+[bkmgBKMG]?")
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def checked_for_files(recipe: Recipe) -> Recipe:
+    """The values that go unquoted into a file name, compose keys or a systemd unit, each
+    matched against a strict pattern: a profile name, container name or image reference from
+    an image's recipe or the command line cannot add lines or leave --out."""
+    checks = (
+        ("profile name", recipe.profile, _PROFILE_NAME),
+        ("container name", recipe.container_name, _CONTAINER_NAME),
+        ("shm size", recipe.shm_size, _SHM_SIZE),
+        *(("env key", key, _ENV_KEY) for key in recipe.env),
+    )
+    for what, value, pattern in checks:
+        if not pattern.fullmatch(value):
+            raise BuilderError(f"{what} {value!r}: not allowed in generated files")
+    validate.image_reference("image", recipe.image)
+    if recipe.image_tag:
+        validate.image_reference("image tag", recipe.image_tag)
+    return recipe
+
+
+def _image_tag_comment(recipe: Recipe) -> list[str]:
+    """The tag the image was given by, for people: the digest is what runs."""
+    if not recipe.image_tag:
+        return []
+    return [f"# Image {recipe.image_tag} when deployed, pinned to its digest (a tag can move)"]
+
+
+def compose_file(recipe: Recipe) -> str:
+    """docker compose for the VM (GPU reservation, host IPC, healthcheck for slow starts)."""
+    checked_for_files(recipe)
+    lines = [
+        f"# Generated by builder for profile {recipe.profile}. Start: docker compose up -d",
+        *_image_tag_comment(recipe),
+        f"# Ready when: {recipe.to_json()['readiness']['command']}",
+        "services:",
+        "  sglang:",
+        f"    image: {recipe.image}",
+        f"    container_name: {recipe.container_name}",
+        "    ipc: host",
+        f"    shm_size: {recipe.shm_size}",
+        "    ulimits:",
+        "      memlock: -1",
+        "      stack: 67108864",
+        "    labels:",
+        *[f"      {key}: {_compose_value(value)}" for key, value in recipe.labels.items()],
+        "    ports:",
+        f'      - "{recipe.published_port}:{recipe.port}"',
+        "    volumes:",
+        *[
+            f"      - {_compose_value(f'{host}:{container}:{mode}', keep_home=True)}"
+            for host, container, mode in recipe.volumes
+        ],
+        "    environment:",
+        *[f"      {key}: {_compose_value(value)}" for key, value in sorted(recipe.env.items())],
+        "      HF_TOKEN: ${HF_TOKEN:-}",
+        "    command:",
+        *[f"      - {_compose_value(arg)}" for arg in recipe.args],
+        "    # A crash stops the container (no restart loop that hides it); see wait-ready.",
+        '    restart: "no"',
+        "    healthcheck:  # the image's own check, on the server's --port",
+        '      test: ["CMD", "python", "/opt/builder/healthcheck.py"]',
+        "      interval: 30s",
+        "      timeout: 10s",
+        f"      start_period: {recipe.ready_deadline_minutes}m",
+        "      retries: 3",
+        "    deploy:",
+        "      resources:",
+        "        reservations:",
+        "          devices:",
+        "            - driver: nvidia",
+        "              count: all",
+        "              capabilities: [gpu]",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+HOME = "$HOME"
+
+
+def _shell_word(part: str) -> str:
+    if HOME not in part:
+        return shlex.quote(part)
+    return '"$HOME"'.join(shlex.quote(piece) if piece else "" for piece in part.split(HOME))
+
+
+def _compose_value(value: str, keep_home: bool = False) -> str:
+    """A YAML double-quoted scalar that compose reads back as `value`: `$` doubled (compose
+    interpolates `$VAR`), except `$HOME` in a volume, which compose takes from the VM."""
+    pieces = value.split(HOME) if keep_home else [value]
+    escaped = "${HOME}".join(piece.replace("$", "$$") for piece in pieces)
+    escaped = escaped.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def systemd_unit(recipe: Recipe, directory: str) -> str:
+    """compose in the foreground under systemd: a crash fails the unit, which restarts with
+    a back-off and, after five crashes in an hour, stays `failed` for an operator to see.
+    `directory` holds compose.yaml and the secrets file where the unit runs (deploy-files:
+    the installed location, wherever the files were written)."""
+    checked_for_files(recipe)
+    return (
+        f"# Generated by builder for profile {recipe.profile}.\n"
+        + "".join(f"{line}\n" for line in _image_tag_comment(recipe))
+        + "[Unit]\n"
+        f"Description=sglang {recipe.profile} ({recipe.image})\n"
+        "After=docker.service network-online.target\n"
+        "Requires=docker.service\n"
+        "StartLimitIntervalSec=1h\n"
+        "StartLimitBurst=5\n\n"
+        "[Service]\n"
+        "Type=exec\n"
+        f"WorkingDirectory={_systemd_path(directory)}\n"
+        # Secrets (HF_TOKEN) reach compose from this file only: a system service has no
+        # login environment, and the unit itself is world-readable.
+        f"EnvironmentFile={_systemd_path(directory.rstrip('/') + '/' + env_file_name(recipe))}\n"
+        # compose exits with the server's exit code when the server dies.
+        "ExecStart=/usr/bin/docker compose up --abort-on-container-exit --exit-code-from sglang\n"
+        # A graceful stop: SIGTERM, then compose's timeout. Never `pkill -9 -f sglang`.
+        "ExecStop=/usr/bin/docker compose down --timeout 60\n"
+        "Restart=on-failure\n"
+        "RestartSec=30s\n"
+        "TimeoutStopSec=90s\n\n"
+        "[Install]\n"
+        "WantedBy=multi-user.target\n"
+    )
+
+
+def launched_with(
+    labels: dict[str, str], params: tuple[tuple[str, str], ...]
+) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """(profile, params) a container was started with, from the labels `launch` and compose
+    put on it (profile None: started some other way); `params` (--set) win over its own."""
+    try:
+        launched = json.loads(labels.get(PARAMS_LABEL, "[]"))
+        merged = {str(key): str(value) for key, value in launched} | dict(params)
+    except (ValueError, TypeError):
+        merged = dict(params)
+    return labels.get(PROFILE_LABEL), tuple(merged.items())
+
+
+def _refuse_contradictions(
+    template: list[str], rendered: list[str], extra: tuple[str, ...], name: str
+) -> None:
+    """An --extra-arg may add a flag, never restate one the profile passes: sglang would
+    take the last value while wait-ready and qualify check the profile's. A flag that is
+    only a prefix of the profile's (`--tp` of `--tp-size`) is an abbreviation to argparse
+    unless it is an option of its own (`--cuda-graph-max-bs`), which only sglang's parser
+    knows: that one is a warning."""
+    for arg in extra:
+        if not arg.startswith("--"):
+            continue
+        flag = arg.split("=", 1)[0]
+        for at, given in enumerate(rendered):
+            if not (given.startswith("--") and given.startswith(flag)):
+                continue
+            value = rendered[at + 1] if at + 1 < len(rendered) else ""
+            if value.startswith("--"):
+                value = ""
+            param = _PARAM.fullmatch(template[at + 1]) if value else None
+            how = f"--set {param.group(1)}=VALUE" if param else "another profile"
+            passes = f"profile '{name}' already passes {given} {value}".rstrip()
+            if given == flag:
+                raise BuilderError(
+                    f"--extra-arg {arg}: {passes}; use {how} (the readiness check expects "
+                    "the profile's value)"
+                )
+            progress.warn(
+                f"--extra-arg {arg}: if sglang reads {flag} as short for {given}, it "
+                f"overrides what the {passes}; use {how}"
+            )
+
+
+def env_file_name(recipe: Recipe) -> str:
+    return f"sglang-{recipe.profile}.env"
+
+
+def environment_file(recipe: Recipe) -> str:
+    """The unit's EnvironmentFile, as deploy-files first writes it (mode 0600): the
+    secrets the server takes from the environment, empty until the operator fills them."""
+    checked_for_files(recipe)
+    return (
+        f"# Secrets for sglang-{recipe.profile}.service (systemd EnvironmentFile=; compose\n"
+        "# passes them to the container by name). Keep this file mode 0600, out of git.\n"
+        "# HF_TOKEN: for gated or private models on the Hugging Face hub; empty otherwise.\n"
+        "HF_TOKEN=\n"
+    )
+
+
+def _systemd_path(path: str) -> str:
+    """A single-path setting takes the rest of the line as it is (spaces included, no
+    quotes: systemd would keep them); `%` starts a specifier there, so it is doubled; only a
+    line break cannot be written."""
+    if "\n" in path or "\r" in path:
+        raise BuilderError(f"{path!r}: a directory with a line break cannot go in a systemd unit")
+    return path.replace("%", "%%")

@@ -1,0 +1,1 @@
+"""The upstream and patches subcommands."""
