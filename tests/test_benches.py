@@ -22,15 +22,15 @@ import pytest
 from tests.conftest import REPO_ROOT
 
 BENCH = REPO_ROOT / "bench"
-READMES = (REPO_ROOT / "README.md", BENCH / "README.md")
+READMES = (REPO_ROOT / "README.md", BENCH / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md")))
 NAMED = sorted(
     {name for readme in READMES for name in re.findall(r"bench/(\w+\.py)", readme.read_text())}
 )
 
 
 def test_every_bench_script_is_named_in_a_readme() -> None:
-    """A script no README names is one nobody runs: it goes, or the README says what it
-    measures (and the tests below then check it)."""
+    """A script no README or docs page names is one nobody runs: it goes, or a page says
+    what it measures (and the tests below then check it)."""
     assert sorted(path.name for path in BENCH.glob("*.py")) == NAMED
 
 
