@@ -8,7 +8,14 @@ import os
 import textwrap
 from collections.abc import Callable
 
-from builder.core.settings import CACHE_ENV, DATA_ENV, MIRRORS_ENV, config_file
+from builder.core.settings import (
+    CACHE_ENV,
+    DATA_ENV,
+    DEFAULT_TARGET,
+    ENVIRONMENT,
+    TARGET_ENV,
+    config_file,
+)
 from builder.core.validate import UNITS as UNITS  # every time flag's rule, for the --help texts
 
 
@@ -33,27 +40,18 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return "\n\n".join(paragraphs)
 
 
-DEFAULT_TARGET = "sm120"
-TARGET_ENV = "BUILDER_TARGET"
+def _environment_lines() -> str:
+    lines = []
+    for name, meaning in ENVIRONMENT:
+        wrapped = textwrap.wrap(meaning, 80 - 31) or [""]
+        lines.append(f"  {name:<28} {wrapped[0]}")
+        lines += [f"  {'':<28} {more}" for more in wrapped[1:]]
+    return "\n".join(lines)
+
 
 EPILOG = f"""\
 environment:
-  {TARGET_ENV:<28} the target without --target (default: {DEFAULT_TARGET})
-  {DATA_ENV:<28} images/ and forks/ instead of the checkout's
-  {"":<28} (a copy: try a pin or a patch set safely)
-  {CACHE_ENV:<28} mirrors, work trees, wheels and kernels
-  {"":<28} (default: the user cache directory)
-  {MIRRORS_ENV:<28} space-separated FROM=TO URL rewrites
-  BUILDER_KERNEL_REGISTRY      REGISTRY/REPO where hosts share kernels
-  BUILDER_KERNEL_TRUSTED_KEYS  public keys whose kernel entries are used
-  BUILDER_KERNEL_SIGNING_KEY   PEM file that signs this host's entries
-  BUILDER_REGISTRY_USERNAME    registry credentials (else docker login's),
-  BUILDER_REGISTRY_PASSWORD    sent only to the registry named by
-  BUILDER_REGISTRY_HOST        this (host, or host:port)
-  TWINE_USERNAME               package index credentials for publishing
-  TWINE_PASSWORD               (or keyring, or ~/.pypirc)
-  HF_TOKEN                     passed to the server by name; builder never
-  {"":<28} writes its value (deploy-files: a 0600 file)
+{_environment_lines()}
 config file: {config_file()}
   ([mirrors] table of "FROM" = "TO")
 """

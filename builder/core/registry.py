@@ -17,10 +17,15 @@ from docker.errors import APIError
 
 from builder.core import progress
 from builder.core.errors import BuilderError
+from builder.core.settings import (
+    REGISTRY_HOST_ENV,
+    REGISTRY_PASSWORD_ENV,
+    REGISTRY_USERNAME_ENV,
+)
 
-USERNAME_ENV = "BUILDER_REGISTRY_USERNAME"
-PASSWORD_ENV = "BUILDER_REGISTRY_PASSWORD"
-HOST_ENV = "BUILDER_REGISTRY_HOST"  # the registry those credentials are for
+USERNAME_ENV = REGISTRY_USERNAME_ENV
+PASSWORD_ENV = REGISTRY_PASSWORD_ENV
+HOST_ENV = REGISTRY_HOST_ENV  # the registry those credentials are for
 
 
 def registry_host(reference: str) -> str:

@@ -16,14 +16,45 @@ from builder.core.errors import BuilderError
 from builder.core.tomlfile import load_toml
 from builder.core.urls import redact
 
+# Every environment variable builder reads, in one table: `--help`'s epilog and
+# docs/settings.md show it (tests/core/test_settings_table.py holds them to it).
+TARGET_ENV = "BUILDER_TARGET"
 CACHE_ENV = "BUILDER_CACHE_DIR"
 DATA_ENV = "BUILDER_DATA_DIR"
 MIRRORS_ENV = "BUILDER_MIRRORS"
 CONFIG_ENV = "BUILDER_CONFIG"
-# The kernel registry's keys (builder/build/kernels/trust.py), named here for help texts that must
-# not import cryptography (a GPU VM's builder has no need of it).
+KERNEL_REGISTRY_ENV = "BUILDER_KERNEL_REGISTRY"
+# The kernel registry's keys (builder/build/kernels/trust.py), named here for help texts that
+# must not import cryptography (a GPU VM's builder has no need of it).
 SIGNING_KEY_ENV = "BUILDER_KERNEL_SIGNING_KEY"
 TRUSTED_KEYS_ENV = "BUILDER_KERNEL_TRUSTED_KEYS"
+REGISTRY_USERNAME_ENV = "BUILDER_REGISTRY_USERNAME"
+REGISTRY_PASSWORD_ENV = "BUILDER_REGISTRY_PASSWORD"
+REGISTRY_HOST_ENV = "BUILDER_REGISTRY_HOST"  # the registry those credentials are for
+P2P_DIR_ENV = "BUILDER_P2P_DIR"
+DEFAULT_TARGET = "sm120"
+
+ENVIRONMENT: tuple[tuple[str, str], ...] = (
+    (TARGET_ENV, f"the target without --target (default: {DEFAULT_TARGET})"),
+    (DATA_ENV, "images/ and forks/ instead of the checkout's (a copy: try a pin or a patch "
+     "set safely)"),
+    (CACHE_ENV, "mirrors, work trees, wheels and kernels (default: the user cache directory)"),
+    (MIRRORS_ENV, "space-separated FROM=TO URL rewrites"),
+    (CONFIG_ENV, "the config file (default: <user config dir>/builder/config.toml)"),
+    (KERNEL_REGISTRY_ENV, "REGISTRY/REPO where hosts share kernels"),
+    (TRUSTED_KEYS_ENV, "public keys whose kernel entries are used"),
+    (SIGNING_KEY_ENV, "PEM file that signs this host's entries"),
+    (REGISTRY_USERNAME_ENV, "registry user (else docker login's), sent only to "
+     f"{REGISTRY_HOST_ENV}"),
+    (REGISTRY_PASSWORD_ENV, f"registry password, sent only to {REGISTRY_HOST_ENV}"),
+    (REGISTRY_HOST_ENV, "the registry (host, or host:port) those credentials are for"),
+    (P2P_DIR_ENV, "where doctor --p2p keeps and launch reads P2P records (default: "
+     "/var/lib/builder/p2p)"),
+    ("TWINE_USERNAME", "package index user for publishing (or keyring, or ~/.pypirc)"),
+    ("TWINE_PASSWORD", "package index password for publishing"),
+    ("HF_TOKEN", "passed to the server by name; builder never writes its value "
+     "(deploy-files: a 0600 file)"),
+)  # fmt: skip
 
 
 def config_file() -> Path:

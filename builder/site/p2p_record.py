@@ -51,6 +51,7 @@ from typing import Any
 from builder import __version__
 from builder.core.cache import LinkedFolder, open_folder_unlinked, replace_in_folder
 from builder.core.errors import BuilderError
+from builder.core.settings import P2P_DIR_ENV
 from builder.core.untrusted import printable
 from builder.site import doctor
 from builder.site.p2p import NCCL_SETS, NCCL_UNSETS, Analysis, Settings
@@ -65,7 +66,7 @@ from builder.site.p2p_host import (
 
 SCHEMA = "builder-p2p-record"
 VERSION = 1
-DIR_ENV = "BUILDER_P2P_DIR"
+DIR_ENV = P2P_DIR_ENV
 DEFAULT_DIR = "/var/lib/builder/p2p"  # outside /var/lib/sglang/, where profiles mount
 MAX_RECORD_BYTES = 1 << 20  # eight GPUs' record is about 30 KB
 PCIE_AR_ENV = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"

@@ -17,7 +17,7 @@ from builder.core.cache import locked
 from builder.core.errors import BuilderError, Unreachable
 from builder.core.lazy import lazy_module
 from builder.core.options import FETCH, PROJECT, add_command, emit, json_object
-from builder.core.settings import resolve_data_dir
+from builder.core.settings import KERNEL_REGISTRY_ENV, resolve_data_dir
 from builder.spec.target import GENERATOR_RULE, is_flashinfer_call
 
 docker_client = lazy_module("builder.core.docker_client")
@@ -33,8 +33,6 @@ pipeline = lazy_module("builder.build.pipeline")
 provenance = lazy_module("builder.build.provenance")
 registry = lazy_module("builder.core.registry")
 validate = lazy_module("builder.core.validate")
-
-KERNEL_REGISTRY_ENV = "BUILDER_KERNEL_REGISTRY"
 
 
 def cmd_sources(args: argparse.Namespace) -> None:
