@@ -53,13 +53,7 @@ IMPORT_NAMES = {
 
 # Imports that break a rule today, each with why it stays (the list only shrinks: a test
 # below fails when an entry no longer breaks a rule).
-ALLOWED: dict[tuple[str, str], str] = {
-    (
-        "builder.site.commands.jit",
-        "builder.build.kernels.trust",
-    ): "`jit keygen` (a build host's action) shares the `jit` command's parser with list and "
-    "harvest; lazy, so cryptography loads only for keygen",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 # Import circles left today, each with why (the same rule: an entry that is gone fails).

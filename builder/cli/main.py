@@ -75,7 +75,7 @@ class _Version(argparse.Action):
 def build_parser() -> argparse.ArgumentParser:
     # The commands (and the Docker SDK, pygit2, rich... with them) are imported here, after a
     # no-op `builder image` has had its chance to be answered without them (builder/build/noop.py).
-    from builder.build.commands import build, lock, publish
+    from builder.build.commands import build, keygen, lock, publish
     from builder.cli import shell
     from builder.core.options import EPILOG, HelpFormatter, add_global_flags
     from builder.site.commands import check, jit, qualify, serve
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     publish.register(sub)
     patches.register(sub)
     upstream.register(sub)
-    jit.register(sub)
+    keygen.register(jit.register(sub))
     serve.register(sub)
     check.register(sub)
     qualify.register(sub)

@@ -9,8 +9,6 @@ from builder.core.errors import BuilderError
 from builder.core.lazy import lazy_module
 from builder.core.options import add_cache_option, add_output_options, add_project_options, emit
 from builder.core.settings import (
-    SIGNING_KEY_ENV,
-    TRUSTED_KEYS_ENV,
     resolve_cache_dir,
     resolve_data_dir,
 )
@@ -18,7 +16,6 @@ from builder.spec.target import load_target
 
 docker_client = lazy_module("builder.core.docker_client")
 jit_list = lazy_module("builder.spec.jit.jit_list")
-kernel_trust = lazy_module("builder.build.kernels.trust")
 packs = lazy_module("builder.spec.jit.packs")
 docker = lazy_module("docker")
 
@@ -89,19 +86,8 @@ def cmd_jit_harvest(args: argparse.Namespace) -> None:
     emit(args, result, lines)
 
 
-def cmd_jit_keygen(args: argparse.Namespace) -> None:
-    private, public = kernel_trust.generate(Path(args.out))
-    result = {"signing_key": str(private), "public_key": str(public)}
-    lines = [
-        f"wrote {private} (mode 0600: keep it on the hosts that share kernels, never in git)",
-        f"wrote {public}",
-        f"every build host: export {TRUSTED_KEYS_ENV}={public}",
-        f"hosts that share new kernels: export {SIGNING_KEY_ENV}={private}",
-    ]
-    emit(args, result, lines)
-
-
-def register(sub) -> None:
+def register(sub) -> argparse._SubParsersAction:
+    """The `jit` command; its actions, where the build host's `keygen` joins them."""
     jit_cmd = sub.add_parser(
         "jit",
         help="the FlashInfer kernel list; harvest kernels a server compiled at start-up",
@@ -148,16 +134,4 @@ def register(sub) -> None:
     add_cache_option(harvest)
     add_output_options(harvest)
     harvest.set_defaults(func=cmd_jit_harvest)
-
-    keygen = jit_sub.add_parser(
-        "keygen",
-        help="make the ed25519 key pair that signs the kernels build hosts share",
-        description="A kernel registry (--kernel-registry) is used only with trusted keys: "
-        f"entries are signed with {SIGNING_KEY_ENV} (a PEM file) and taken only "
-        f"when one of {TRUSTED_KEYS_ENV} (a file, one public key a line) "
-        "verifies them. Writes kernel-signing.key (0600) and kernel-signing.pub; never "
-        "overwrites.\n\nexample: builder jit keygen --out /etc/builder",
-    )
-    keygen.add_argument("--out", required=True, help="folder for the two key files")
-    add_output_options(keygen)
-    keygen.set_defaults(func=cmd_jit_keygen)
+    return jit_sub
