@@ -264,3 +264,21 @@ def test_the_check_sees_a_forbidden_import(source: str, import_line: str) -> Non
     changed = {**SOURCES, source: SOURCES[source] + f"\n{import_line}\n"}
     assert source not in {s for s, _, _ in violations(SOURCES)}
     assert source in {s for s, _, _ in violations(changed)}
+
+
+def test_every_test_folder_is_collected() -> None:
+    """pytest skips folders its norecursedirs names (its default names `build`, which
+    tests/build/ is): none of tests/'s folders holding tests may match one."""
+    import fnmatch
+
+    config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
+    skipped = config["ini_options"]["norecursedirs"]
+    folders = {path.parent for path in (REPO_ROOT / "tests").rglob("test_*.py")}
+    hidden = [
+        str(folder.relative_to(REPO_ROOT))
+        for folder in folders
+        for part in folder.relative_to(REPO_ROOT).parts
+        if any(fnmatch.fnmatch(part, pattern) for pattern in skipped)
+    ]
+    assert hidden == []
+    assert REPO_ROOT / "tests/build" in folders
