@@ -145,15 +145,33 @@ def headline(report: Report) -> str:
     return f"{move}: needs review ({len(report.review)} items)"
 
 
+TABLE_WIDTH = 120  # off a terminal (a CI log): wider than 80 columns, narrower than a page
+
+
+def merged(found: list[tuple[str, str, str, str]]) -> list[tuple[str, str, str, str]]:
+    """Rows that say the same (section, result, verdict) about several items, one row naming
+    them all: every profile of every target whose flags are all accepted, for one."""
+    order: list[tuple[str, str, str]] = []
+    items: dict[tuple[str, str, str], list[str]] = {}
+    for section, item, result, verdict in found:
+        key = (section, result, verdict)
+        if key not in items:
+            order.append(key)
+            items[key] = []
+        if item not in items[key]:
+            items[key].append(item)
+    return [(s, ", ".join(items[(s, r, v)]), r, v) for s, r, v in order]
+
+
 def print_table(report: Report, console: Console | None = None) -> None:
     if console is None:
         console = Console(highlight=False)
-        if not console.is_terminal:  # a CI log: wide rows, not folded to 80 columns
-            console = Console(highlight=False, width=180)
+        if not console.is_terminal:
+            console = Console(highlight=False, width=TABLE_WIDTH)
     table = Table(title=escape(headline(report)), show_lines=False)
     for column in ("check", "item", "result", ""):
         table.add_column(column, overflow="fold")
-    for section, item, result, verdict in rows(report):
+    for section, item, result, verdict in merged(rows(report)):
         table.add_row(section, escape(item), escape(result), f"[{_STYLE[verdict]}]{verdict}[/]")
     console.print(table)
 
@@ -172,7 +190,9 @@ def markdown(report: Report) -> str:
     if report.review:
         lines += ["Needs review:", ""] + [f"- {MARKDOWN(r)}" for r in report.review] + [""]
     lines += ["| check | item | result | |", "|---|---|---|---|"]
-    lines += [f"| {s} | {_cell(i)} | {_cell(r)} | {v} |" for s, i, r, v in rows(report, MARKDOWN)]
+    lines += [
+        f"| {s} | {_cell(i)} | {_cell(r)} | {v} |" for s, i, r, v in merged(rows(report, MARKDOWN))
+    ]
     lines += ["", "Made by `builder upstream check`."]
     return "\n".join(lines) + "\n"
 
