@@ -140,10 +140,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         else:
             group = module
         item.add_marker(pytest.mark.xdist_group(group))
+    _leave_out_what_has_its_own_command(config, items)
     rank = {group: place for place, group in enumerate(_LONGEST_FIRST)}
     items.sort(  # stable: in a group, the collection's order
         key=lambda item: rank.get(item.get_closest_marker("xdist_group").args[0], len(rank))
     )
+
+
+def _leave_out_what_has_its_own_command(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """heavy (hours of nvcc) and gpu (a GPU machine) run only where `-m` names them: any
+    other `-m` (`-m "not engine"`, `-m engine`) replaces addopts' own and would take them in."""
+    expression = config.getoption("markexpr") or ""
+    named = {marker for marker in ("heavy", "gpu") if marker in expression}
+    left_out = [
+        item for item in items
+        if any(item.get_closest_marker(m) for m in ("heavy", "gpu") if m not in named)
+    ]  # fmt: skip
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if item not in left_out]
 
 
 @pytest.fixture(scope="session")

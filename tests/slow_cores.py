@@ -1,5 +1,5 @@
 """Run a command as on a machine of this kind whose cores are slower: the suite's time where
-the README's g++ gauge reads 9-10 s, measured on a machine where it reads 3.
+docs/test-times.md's g++ gauge reads 9-10 s, measured on a machine where it reads 3.
 
     python -m tests.slow_cores --factor 3 -- ./scripts/test
 

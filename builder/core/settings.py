@@ -16,7 +16,7 @@ from builder.core.errors import BuilderError
 from builder.core.tomlfile import load_toml
 from builder.core.urls import redact
 
-# Every environment variable builder reads, in one table: `--help`'s epilog and
+# Every environment variable builder reads for itself, in one table: `--help`'s epilog and
 # docs/settings.md show it (tests/core/test_settings_table.py holds them to it).
 TARGET_ENV = "BUILDER_TARGET"
 CACHE_ENV = "BUILDER_CACHE_DIR"
@@ -54,6 +54,9 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("TWINE_PASSWORD", "package index password for publishing"),
     ("HF_TOKEN", "passed to the server by name; builder never writes its value "
      "(deploy-files: a 0600 file)"),
+    ("DOCKER_HOST", "the Docker daemon, as docker's own client reads it"),
+    ("DOCKER_CONFIG", "docker login's credentials folder (default: ~/.docker)"),
+    ("NETRC", "the netrc file for index and git logins, https only (default: ~/.netrc)"),
 )  # fmt: skip
 
 

@@ -204,7 +204,7 @@ def analyse(probe: dict, facts: HostFacts, profile_env: dict[str, str], tp: int 
     switches = parse_switches(facts.lspci)
     if not probe.get("cuda"):
         error = probe.get("error") or "the probe measured nothing"
-        checks.append(Check("probe", FAIL, error, "run it where the GPUs and torch are: the "
+        checks.append(Check("probe", SKIP, error, "run it where the GPUs and torch are: the "
                             "server image with --gpus all (NVIDIA container runtime)"))  # fmt: skip
         checks += _host_checks(vm.what, mode, switches, facts)
         settings = Settings(nccl_why=f"not measured ({error}): the profile's NCCL settings",

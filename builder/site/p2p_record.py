@@ -141,8 +141,9 @@ def _outside_the_server(folder: Path, volumes: Volumes) -> None:
         )
 
 
-def _trust_problem(info: os.stat_result) -> str | None:
-    """Why a record or its folder could have been written by someone else than its owner."""
+def trust_problem(info: os.stat_result) -> str | None:
+    """Why a file or folder could have been written by someone else than its owner (root or
+    this user): a P2P record, a sweep's chosen.json."""
     if info.st_uid not in (0, os.geteuid()):
         return f"owned by uid {info.st_uid}, not root or this user"
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
@@ -158,7 +159,7 @@ def _open_folder(folder: Path, create: bool) -> int:
         raise BuilderError(
             f"P2P record folder {folder}: {exc}: not followed; give a real folder ({DIR_ENV})"
         ) from None
-    problem = _trust_problem(os.fstat(descriptor))
+    problem = trust_problem(os.fstat(descriptor))
     if problem:
         os.close(descriptor)
         raise BuilderError(f"P2P record folder {folder}: {problem}: a record there is not believed")
@@ -231,7 +232,7 @@ def _read(path: Path) -> bytes:
         info = os.fstat(handle.fileno())
         if not stat.S_ISREG(info.st_mode):
             raise BuilderError(f"P2P record {path}: not a regular file")
-        problem = _trust_problem(info)
+        problem = trust_problem(info)
         if problem:
             raise BuilderError(f"P2P record {path}: {problem}: not believed")
         data = handle.read(MAX_RECORD_BYTES + 1)

@@ -139,9 +139,9 @@ def plot(receipt: dict, path: Path) -> Path | None:
 def _load(path: Path) -> dict:
     try:
         receipt = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise BuilderError(f"--compare {path}: not a readable receipt ({exc})") from None
-    if receipt.get("schema") != RECEIPT_SCHEMA:
+    if not isinstance(receipt, dict) or receipt.get("schema") != RECEIPT_SCHEMA:
         raise BuilderError(f"--compare {path}: not a {RECEIPT_SCHEMA} receipt")
     return receipt
 

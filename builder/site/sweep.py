@@ -199,7 +199,7 @@ def load_chosen(folder: str | Path) -> dict:
     path = Path(folder) / CHOSEN_FILE
     try:
         doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise BuilderError(f"{path}: not a readable {CHOSEN_FILE} ({exc})") from None
     if not isinstance(doc, dict) or doc.get("schema") not in (CHOSEN_SCHEMA, *OLD_CHOSEN_SCHEMAS):
         raise BuilderError(f"{path}: not a {CHOSEN_SCHEMA} file")

@@ -38,7 +38,7 @@ def test_the_wheel_holds_every_module_and_its_cli_runs(tmp_path: Path) -> None:
         assert "builder/__main__.py" in shipped  # `python -m builder`
         archive.extractall(tmp_path / "site", [n for n in archive.namelist() if n.endswith(".py")])
     source = {p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "builder").rglob("*.py")}
-    assert source - shipped == set()  # builder.commands was missing from `pip install .`
+    assert source - shipped == set()  # a subpackage was once missing from `pip install .`
     result = subprocess.run(
         [sys.executable, "-I", "-c", EVERY_HELP.format(site=str(tmp_path / "site"))],
         capture_output=True, text=True, cwd=tmp_path,

@@ -14,6 +14,7 @@ engine's own run of a sweep, its receipt and deploy-files is tests/site/test_swe
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -168,6 +169,45 @@ def test_the_sweep_s_folder_deploys_exactly_the_server_its_receipt_ran(
     assert service["ports"] == ["127.0.0.1:30123:30123"]
     assert f"model {model}" in result.stderr
     assert "partial" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("which", "mode", "owner", "said"),
+    [
+        ("chosen.json", 0o646, None, "writable by others"),
+        ("p/receipt.json", 0o666, None, "writable by others"),
+        (".", 0o777, None, "writable by others"),
+        ("chosen.json", 0o664, (0, 65534), "writable by group 65534"),
+        ("chosen.json", 0o644, (65534, 65534), "owned by uid 65534, not root or this user"),
+    ],
+    ids=["chosen-others", "receipt-others", "folder-others", "chosen-group", "chosen-owner"],
+)
+def test_a_sweep_folder_others_could_write_is_not_deployed(
+    swept: Path, tmp_path: Path, which: str, mode: int, owner, said: str
+) -> None:
+    """Review of #54: chosen.json and its receipt name the model folder, the key file and
+    the image a root unit runs; a writer other than root, this user or sudo's is not
+    believed (a forged pair agrees with itself)."""
+    path = (swept / which).resolve()
+    os.chmod(path, mode)
+    if owner:
+        os.chown(path, *owner)
+    result = deploy(tmp_path, swept)
+    assert refused(result) == f"{path}: {said}: what it names is not deployed"
+    assert nothing_written(tmp_path)
+
+
+def test_a_sweep_folder_of_the_user_sudo_runs_for_is_deployed(
+    swept: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """`qualify` as the operator (uid 65534 here), then `sudo deploy-files --install`: the
+    user-private group may write (umask 002), as Ubuntu's users' files are made."""
+    for path in (swept, swept / "chosen.json", swept / "p", swept / "p" / "receipt.json"):
+        os.chown(path, 65534, 65534)
+        os.chmod(path, 0o775 if path.is_dir() else 0o664)
+    monkeypatch.setenv("SUDO_UID", "65534")
+    result = deploy(tmp_path, swept)
+    assert result.returncode == 0, result.stderr
 
 
 def test_chosen_json_cannot_mount_the_host_root_read_write(swept: Path, tmp_path: Path) -> None:

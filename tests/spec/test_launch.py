@@ -161,6 +161,23 @@ def test_launch_cli_bad_override_is_one_line(builder: Builder) -> None:
     assert result.stderr.strip().splitlines()[-1] == "error: --set nonsense: expected KEY=VALUE"
 
 
+def test_a_missing_model_folder_given_for_one_profile_is_refused(
+    builder: Builder, tmp_path
+) -> None:
+    """`--set PROFILE:model=DIR` names a folder as `--model` does: one that is not here is
+    refused (docker would mount an empty one it made), not rendered."""
+    _manifest(builder.data_dir / "manifests/sm120-0.5.9", pushed=True)
+    missing = tmp_path / "no-such-checkpoint"
+    result = builder.run(
+        "launch", "--profile", "glm5-nvfp4-tp8", "--set", f"glm5-nvfp4-tp8:model={missing}",
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: profile glm5-nvfp4-tp8: model {missing}: no such folder on this machine"
+    )
+
+
 @pytest.mark.parametrize(
     ("given", "line"),
     [

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
@@ -48,8 +50,9 @@ class Chosen:
 def load(folder: str | Path) -> Chosen:
     """The sweep's choice in `folder`, refused in one line when it is from an older builder,
     chose nothing, is not as `qualify --sweep` writes it, or disagrees with its receipt."""
-    doc = sweep.load_chosen(folder)
     where = Path(folder) / sweep.CHOSEN_FILE
+    _written_by_its_owner(Path(folder), where)
+    doc = sweep.load_chosen(folder)
     if doc["schema"] != sweep.CHOSEN_SCHEMA:
         raise BuilderError(
             f"{where}: written by an older builder ({doc['schema']}), which does not record "
@@ -65,6 +68,7 @@ def load(folder: str | Path) -> Chosen:
     if problem:
         raise BuilderError(f"{where}: not a {sweep.CHOSEN_SCHEMA} file ({problem})")
     receipt_path = Path(folder) / choice["receipt"]
+    _written_by_its_owner(receipt_path.parent, receipt_path)
     chosen = Chosen(where, choice, _receipt(receipt_path, where), receipt_path)
     _agrees_with_receipt(chosen)
     served = chosen.served_from
@@ -121,6 +125,40 @@ def _names_a_folder(model: str) -> bool:
         return launch.model_dir(model) is not None
     except BuilderError:
         return True
+
+
+def _written_by_its_owner(folder: Path, path: Path) -> None:
+    """chosen.json and its receipt name the model folder, the key file and the image a unit
+    runs as root: believed only from files and a folder no one but root or this user could
+    have written, reached without a link."""
+    for each in (folder, path):
+        try:
+            info = os.lstat(each)
+        except OSError as exc:
+            if each is path:
+                return  # not there: reading it says so, in its own words
+            raise BuilderError(f"{each}: {exc.strerror}") from None
+        if stat.S_ISLNK(info.st_mode):
+            raise BuilderError(f"{each}: a symbolic link: not followed ({RERUN} into a folder)")
+        problem = _written_by_others(info)
+        if problem:
+            raise BuilderError(f"{each}: {problem}: what it names is not deployed")
+
+
+def _written_by_others(info: os.stat_result) -> str | None:
+    """Owned by root, this user or the one sudo runs for (`qualify` as the operator, then
+    `sudo deploy-files --install`); writable by no one else: not others, and not a group
+    but the owner's own (a user-private group, Ubuntu's default with umask 002)."""
+    owners = {0, os.geteuid()}
+    if os.environ.get("SUDO_UID", "").isdigit():
+        owners.add(int(os.environ["SUDO_UID"]))
+    if info.st_uid not in owners:
+        return f"owned by uid {info.st_uid}, not root or this user"
+    if info.st_mode & stat.S_IWOTH:
+        return "writable by others"
+    if info.st_mode & stat.S_IWGRP and info.st_gid != info.st_uid:
+        return f"writable by group {info.st_gid}"
+    return None
 
 
 def _receipt(path: Path, where: Path) -> dict:

@@ -141,7 +141,12 @@ def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
 
 
 def check_checkpoint(recipe: launch.Recipe) -> None:
-    """The checkpoint on this machine against the recipe (index pattern, MTP weights)."""
+    """The checkpoint on this machine against the recipe (index pattern, MTP weights); a
+    local model that is no folder here, however it was given (`--set PROFILE:model=…` too),
+    is refused: docker would make an empty one."""
+    if recipe.model_is_local and not Path(recipe.model).is_dir():
+        why = "not a folder" if Path(recipe.model).exists() else "no such folder on this machine"
+        raise BuilderError(f"profile {recipe.profile}: model {recipe.model}: {why}")
     model_check.check_checkpoint(
         recipe.profile,
         recipe.args,
