@@ -418,6 +418,32 @@ def test_wait_ready_on_a_launched_container_checks_its_profile(
         docker_client.containers.get(name).remove(force=True)
 
 
+def test_doctor_on_a_launched_container_needs_no_checkout(
+    standin_image, docker_client, docker_host, tmp_path
+) -> None:
+    """#55: `doctor --container NAME` on a VM without a checkout takes the image and profile
+    the container was launched with (its labels), as wait-ready does."""
+    from tests.services import free_port
+
+    port, name = free_port(), f"doctor-labels-{free_port()}"
+    recipe = _start_from_recipe(tmp_path, docker_host, standin_image, port, name)
+    empty = tmp_path / "no-checkout"
+    empty.mkdir()
+    env = {**os.environ, "DOCKER_HOST": docker_host, "BUILDER_DATA_DIR": str(empty),
+           "BUILDER_CONFIG": "/nonexistent", **REGISTRY_ENV}  # fmt: skip
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "builder.cli.main", "doctor", "--container", name, "--json"],
+            capture_output=True, text=True, cwd=empty, env=env,
+        )  # fmt: skip
+    finally:
+        docker_client.containers.get(name).remove(force=True)
+    assert "data directory" not in result.stderr, result.stderr
+    assert f"checking profile {recipe['profile']} as launched" in result.stderr
+    findings = {f["check"]: f for f in json.loads(result.stdout)["findings"]}
+    assert "jit" in findings and "image recipe" not in findings, findings
+
+
 @pytest.mark.parametrize(
     ("knobs", "state", "code"),
     [

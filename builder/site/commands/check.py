@@ -19,7 +19,7 @@ from builder.core.options import (
     print_json,
 )
 from builder.core.settings import resolve_data_dir
-from builder.site.commands.serve import compiled_line, say_receipt
+from builder.site.commands.serve import compiled_line, launched_with, say_receipt
 from builder.spec.target import load_target
 
 docker_client = lazy_module("builder.core.docker_client")
@@ -74,6 +74,19 @@ def cmd_verify(args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
+def _from_the_container(args: argparse.Namespace) -> None:
+    """`doctor --container NAME` on a VM without a checkout: the image and profile the
+    container was launched with (its labels), as wait-ready takes them. A container builder
+    did not start, or no daemon, leaves the checkout's target to answer (or say why not)."""
+    try:
+        profile, image, _ = launched_with(args.container, ())
+    except BuilderError:  # no daemon, no such container: the checks below say so in place
+        return
+    if image:
+        args.image = image
+        args.profile = args.profile or profile
+
+
 def cmd_doctor(args: argparse.Namespace) -> None:
     """Every check prints ok, FAIL or SKIP (what could not be checked, and why), then one
     verdict line; exit 1 when one failed, 9 when one could not be checked and none failed."""
@@ -81,6 +94,8 @@ def cmd_doctor(args: argparse.Namespace) -> None:
     facts = None  # (cuda version, compute capability, tp size, profile) from the recipe
     if args.p2p:
         doctor_p2p.before_the_recipe(args)
+    elif args.container and not args.image:
+        _from_the_container(args)
     if args.image:
         validate.image_reference("--image", args.image)
         # On a VM: everything from the image's recipe, no checkout needed.
