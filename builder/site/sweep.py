@@ -219,7 +219,9 @@ def _is_pairs(value: object) -> bool:
 def _chosen_problem(doc: dict) -> str | None:
     """What in a chosen.json is not as `choose` writes it (read back by deploy-files and
     --compare: a hand-edited or truncated file is one line, not a traceback)."""
-    chosen = doc.get("chosen")
+    if "chosen" not in doc:
+        return "no chosen (null where the sweep chose none)"
+    chosen = doc["chosen"]
     if chosen is not None:
         if not isinstance(chosen, dict):
             return "chosen is not an object"

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from builder.core.errors import BuilderError
-from builder.site import readiness
+from builder.site import deploy, readiness
 from builder.spec import launch, recipe
 from builder.spec.target import load_fork, load_target
 from tests.conftest import GOOD_INFO, REPO_ROOT
@@ -166,8 +166,8 @@ def test_target_toml(data: Path, document: dict) -> None:
 def _every_profile(profiles: launch.Profiles) -> None:
     for name in profiles.profiles:
         recipe_ = launch.resolve(profiles, name, IMAGE, launch.Overrides())
-        launch.compose_file(recipe_)
-        launch.systemd_unit(recipe_, "/etc/sglang/x")
+        deploy.compose_file(recipe_)
+        deploy.systemd_unit(recipe_, "/etc/sglang/x")
 
 
 @FUZZ

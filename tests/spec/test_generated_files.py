@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from builder.core.errors import BuilderError
+from builder.site import deploy
 from builder.spec import launch
 from tests.conftest import REPO_ROOT
 
@@ -37,7 +38,7 @@ def _compose_interpolated(value: str) -> str:
 
 def test_compose_round_trips_args_env_and_volumes() -> None:
     recipe = _recipe()
-    service = yaml.safe_load(launch.compose_file(recipe))["services"]["sglang"]
+    service = yaml.safe_load(deploy.compose_file(recipe))["services"]["sglang"]
     assert [_compose_interpolated(a) for a in service["command"]] == list(recipe.args)
     assert AWKWARD in [_compose_interpolated(a) for a in service["command"]]
     environment = dict(service["environment"])
@@ -60,7 +61,7 @@ def test_systemd_unit_reads_back_with_the_directory_as_given() -> None:
     directory = "/srv/sglang deploy/ñ"
     unit = configparser.ConfigParser(interpolation=None, strict=False)
     unit.optionxform = str  # systemd keys are case-sensitive
-    unit.read_string(launch.systemd_unit(recipe, directory))
+    unit.read_string(deploy.systemd_unit(recipe, directory))
     service = unit["Service"]
     assert service["WorkingDirectory"] == directory
     assert service["ExecStart"].split()[:3] == ["/usr/bin/docker", "compose", "up"]
@@ -83,6 +84,6 @@ def test_injected_values_never_reach_a_generated_file(change: dict, named: str) 
     """Values from the command line, a manifest or a pulled image's recipe that would add
     lines to compose.yaml or the unit, or put the unit outside --out, are refused."""
     recipe = dataclasses.replace(_recipe(), **change)
-    for write in (launch.compose_file, lambda r: launch.systemd_unit(r, "/srv/deploy")):
+    for write in (deploy.compose_file, lambda r: deploy.systemd_unit(r, "/srv/deploy")):
         with pytest.raises(BuilderError, match=named):
             write(recipe)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from builder.core.errors import BuilderError
+from builder.site import deploy
 from builder.spec import launch
 from tests.conftest import REPO_ROOT, Builder
 
@@ -113,16 +114,16 @@ def test_bad_profile_or_override(profile, overrides, message) -> None:
 
 def test_compose_and_unit_carry_the_recipe() -> None:
     recipe = launch.resolve(TARGET, None, IMAGE, launch.Overrides())
-    compose = launch.compose_file(recipe)
+    compose = deploy.compose_file(recipe)
     assert f"image: {IMAGE}" in compose
     assert "ipc: host" in compose and "driver: nvidia" in compose and "count: all" in compose
     assert "start_period: 20m" in compose
     assert '- "flashinfer_cutlass"' in compose
-    unit = launch.systemd_unit(recipe, "/opt/sglang")
+    unit = deploy.systemd_unit(recipe, "/opt/sglang")
     assert "ExecStart=/usr/bin/docker compose up --abort-on-container-exit" in unit
     assert "Restart=on-failure" in unit and "StartLimitBurst=5" in unit
     assert "Type=oneshot" not in unit, "a oneshot shows active after the server crashed"
-    spaced = launch.systemd_unit(recipe, "/opt/my models")
+    spaced = deploy.systemd_unit(recipe, "/opt/my models")
     assert "WorkingDirectory=/opt/my models\n" in spaced
     assert "pkill" not in unit
 
@@ -208,9 +209,9 @@ def test_launch_without_any_manifest_says_what_to_do(builder: Builder) -> None:
 def test_bind_opens_the_port_and_a_bad_address_is_refused() -> None:
     recipe = launch.resolve(TARGET, None, IMAGE, launch.Overrides(bind="0.0.0.0"))
     assert "0.0.0.0:30000:30000" in recipe.docker_run()
-    assert '"0.0.0.0:30000:30000"' in launch.compose_file(recipe)
+    assert '"0.0.0.0:30000:30000"' in deploy.compose_file(recipe)
     assert recipe.url == "http://127.0.0.1:30000"
-    default = launch.compose_file(launch.resolve(TARGET, None, IMAGE, launch.Overrides()))
+    default = deploy.compose_file(launch.resolve(TARGET, None, IMAGE, launch.Overrides()))
     assert '"127.0.0.1:30000:30000"' in default
     with pytest.raises(BuilderError, match=r"--bind example\.com: not an IP address"):
         launch.resolve(TARGET, None, IMAGE, launch.Overrides(bind="example.com"))
@@ -228,7 +229,7 @@ def test_the_printed_readiness_check_is_this_recipe_s_own() -> None:
         "builder wait-ready http://127.0.0.1:30000 --container glm5 "
         f"--profile glm5-nvfp4-tp8-fusion --image {IMAGE} --set kv_cache_dtype=bf16"
     )
-    assert f"# Ready when: {command}" in launch.compose_file(recipe)
+    assert f"# Ready when: {command}" in deploy.compose_file(recipe)
 
 
 def test_wait_ready_takes_set_like_launch(builder: Builder, tmp_path) -> None:
@@ -452,7 +453,7 @@ def test_the_container_carries_the_profile_it_was_launched_with() -> None:
         if i and with_set.docker_run()[i - 1] == "--label"
     }
     assert json.loads(labels[launch.PARAMS_LABEL]) == [["kv_cache_dtype", "bf16"]]
-    compose = launch.compose_file(with_set)
+    compose = deploy.compose_file(with_set)
     assert f'      {launch.PROFILE_LABEL}: "glm5-nvfp4-tp8"' in compose
     assert launch.PARAMS_LABEL in compose
 

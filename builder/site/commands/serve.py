@@ -327,13 +327,13 @@ def cmd_deploy_files(args: argparse.Namespace) -> None:
         units = out
     compose = out / "compose.yaml"
     unit = units / deploy.unit_name(recipe.profile)
-    env_file = out / launch.env_file_name(recipe)
+    env_file = out / deploy.env_file_name(recipe)
     # Every file's text (each checks every value it holds) before the first is written:
     # a refused value leaves nothing behind.
     texts = (
-        launch.compose_file(recipe),
-        launch.systemd_unit(recipe, service_dir),
-        launch.environment_file(recipe),
+        deploy.compose_file(recipe),
+        deploy.systemd_unit(recipe, service_dir),
+        deploy.environment_file(recipe),
     )
     atomic_write_text(compose, texts[0])
     atomic_write_text(unit, texts[1])
