@@ -134,10 +134,8 @@ def _written_by_its_owner(folder: Path, path: Path) -> None:
     for each in (folder, path):
         try:
             info = os.lstat(each)
-        except OSError as exc:
-            if each is path:
-                return  # not there: reading it says so, in its own words
-            raise BuilderError(f"{each}: {exc.strerror}") from None
+        except OSError:
+            return  # not there: reading it says so, in its own words
         if stat.S_ISLNK(info.st_mode):
             raise BuilderError(f"{each}: a symbolic link: not followed ({RERUN} into a folder)")
         problem = _written_by_others(info)
