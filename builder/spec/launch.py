@@ -23,7 +23,8 @@ from typing import Any
 from builder.core import progress
 from builder.core.errors import BuilderError
 from builder.core.tomlfile import load_toml
-from builder.spec import model_check
+from builder.spec import engines, model_check
+from builder.spec.target import engine_of
 
 CONTAINER_MODEL_DIR = "/models"
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
@@ -31,7 +32,6 @@ HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
 HF_CACHE_DEFAULT = "/var/lib/sglang/huggingface"
 # The image's entrypoint (images/sm120/serve.py) hands the key in this file to sglang.
 API_KEY_IN_CONTAINER = "/run/secrets/sglang-api-key"
-API_KEY_FILE_ENV = "SGLANG_API_KEY_FILE"
 # On the container `launch` and compose start: what wait-ready and qualify check it against.
 PROFILE_LABEL = "io.builder.launch.profile"
 PARAMS_LABEL = "io.builder.launch.params"  # JSON [[key, value], ...]: the --set overrides
@@ -88,6 +88,7 @@ class Recipe:
     derived: tuple[str, ...] = ()
     # The tag the image was given by, when `image` is its digest: for people, never run.
     image_tag: str = ""
+    engine: str = engines.DEFAULT  # whose server the args start (builder/spec/engines)
 
     @property
     def model_is_local(self) -> bool:
@@ -184,7 +185,7 @@ class Recipe:
             "docker_run_shell": self.shell(),
             "readiness": {
                 "url": self.url,
-                "stages": ["port", "/health", "/health_generate", "/server_info"],
+                "stages": list(engines.engine(self.engine).stages),
                 "deadline_minutes": self.ready_deadline_minutes,
                 "expect": self.expect,
                 "command": self.wait_ready_command(),
@@ -199,11 +200,12 @@ class Profiles:
     profiles: dict[str, dict]
     default: str
     where: str  # named in errors
+    engine: str = engines.DEFAULT  # the engine whose server the profiles start
 
     @classmethod
     def of(cls, target_file: Path) -> Profiles:
         profiles, default = load_profiles(target_file)
-        return cls(profiles, default, str(profiles_file(target_file)))
+        return cls(profiles, default, str(profiles_file(target_file)), engine_of(target_file))
 
 
 def profiles_file(target_file: Path) -> Path:
@@ -543,7 +545,7 @@ def resolve(
     _check_refusals(profile.get("refuse", []), args, name, path)
     _refuse_contradictions(profile["args"], rendered, overrides.extra_args, name)
     model_check.check_speculative_settings(args, f"profile '{name}'")
-    pattern = model_check.index_topk_pattern(args, f"profile '{name}'")
+    pattern = model_check.index_topk_pattern(args, f"profile '{name}'", known.engine)
     if pattern is not None:
         layers = profile.get("model_layers")
         if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int)):
@@ -554,7 +556,7 @@ def resolve(
     }
     if overrides.api_key_file:
         volumes.append((overrides.api_key_file, API_KEY_IN_CONTAINER, "ro"))
-        env[API_KEY_FILE_ENV] = API_KEY_IN_CONTAINER
+        env[engines.engine(known.engine).api_key_file_env] = API_KEY_IN_CONTAINER
     expect = {
         k: _substitute(v, params, f"expect {k}", path) for k, v in profile.get("expect", {}).items()
     }
@@ -587,6 +589,7 @@ def resolve(
         extra_args=overrides.extra_args,
         outside_state_root=tuple(outside),
         derived=derived,
+        engine=known.engine,
     )
 
 

@@ -27,42 +27,33 @@ from typing import Any
 
 from builder.core import progress
 from builder.core.errors import BuilderError
+from builder.spec import engines
+from builder.spec.engines import flag_value
 
 PATTERN_KEY = "index_topk_pattern"
-OVERRIDE_FLAG = "--json-model-override-args"
 FULL, SHARED = "F", "S"
 # The real GLM-5.2 configs write `indexer_types` as "full"/"shared" per layer; the pattern's
 # letters are their initials (the 78-letter pattern the vLLM launchers pass is derived from
 # that list: ../shared/ANCHORS-serving.md §1.4, §4).
 _LETTER_OF_INDEXER_TYPE = {"full": FULL, "shared": SHARED}
-# NEXTN is an alias of EAGLE (srt/speculative/spec_registry.py:183,
-# srt/arg_groups/speculative_hook.py:109-116).
-_DRAFT_FROM_CHECKPOINT = {"EAGLE", "NEXTN"}
 _REVISION_SHA = re.compile(r"[0-9a-f]{40}")
 
 
-def _flag_value(args: tuple[str, ...] | list[str], flag: str) -> str | None:
-    """The value argparse ends up with for `flag` (the last one given), or None."""
-    value = None
-    for at, word in enumerate(args):
-        if word == flag and at + 1 < len(args):
-            value = args[at + 1]
-        elif word.startswith(f"{flag}="):
-            value = word.split("=", 1)[1]
-    return value
-
-
-def index_topk_pattern(args: tuple[str, ...] | list[str], where: str) -> str | None:
-    """The pattern the command line hands sglang in --json-model-override-args, if any."""
-    raw = _flag_value(args, OVERRIDE_FLAG)
+def index_topk_pattern(
+    args: tuple[str, ...] | list[str], where: str, engine: str = engines.DEFAULT
+) -> str | None:
+    """The pattern the command line hands the engine in its config-override flag
+    (sglang's --json-model-override-args, vLLM's --hf-overrides), if any."""
+    flag = engines.engine(engine).model_override_flag
+    raw = flag_value(args, flag)
     if raw is None:
         return None
     try:
         overrides = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise BuilderError(f"{where}: {OVERRIDE_FLAG} is not JSON ({exc.msg})") from None
+        raise BuilderError(f"{where}: {flag} is not JSON ({exc.msg})") from None
     if not isinstance(overrides, dict):
-        raise BuilderError(f"{where}: {OVERRIDE_FLAG} must be a JSON object")
+        raise BuilderError(f"{where}: {flag} must be a JSON object")
     pattern = overrides.get(PATTERN_KEY)
     if pattern is not None and not isinstance(pattern, str):
         raise BuilderError(f"{where}: {PATTERN_KEY} must be a string of {FULL}/{SHARED}")
@@ -104,7 +95,8 @@ def pattern_of_indexer_types(indexer_types: Any, where: str) -> str:
 
 def check_pattern_against_config(pattern: str, config: dict, where: str) -> None:
     """The pattern fits the checkpoint: its layer count and, where it declares them, its
-    `indexer_types`, which sglang follows over any pattern (model_config.py:492-496)."""
+    `indexer_types`, which sglang (model_config.py:492-496) and vLLM
+    (model_executor/models/utils.py:1026-1042) follow over any pattern."""
     layers = config.get("num_hidden_layers")
     check_pattern(pattern, layers if isinstance(layers, int) else None, where)
     if "indexer_types" not in config:
@@ -118,19 +110,14 @@ def check_pattern_against_config(pattern: str, config: dict, where: str) -> None
         ours, theirs = pattern[layer : layer + 1] or "none", declared[layer : layer + 1] or "none"
         raise BuilderError(
             f"{where}: {PATTERN_KEY} differs from the checkpoint's indexer_types at layer "
-            f"{layer} (the pattern says {ours}, the checkpoint {theirs}); sglang follows "
+            f"{layer} (the pattern says {ours}, the checkpoint {theirs}); sglang and vLLM follow "
             "indexer_types, so the pattern would not be what runs"
         )
 
 
-def draft_from_checkpoint(args: tuple[str, ...] | list[str]) -> bool:
-    """EAGLE/NEXTN without a draft model: the draft layer comes from the checkpoint itself."""
-    algorithm = _flag_value(args, "--speculative-algorithm")
-    if algorithm is None or algorithm.upper() not in _DRAFT_FROM_CHECKPOINT:
-        return False
-    return _flag_value(args, "--speculative-draft-model-path") is None and (
-        _flag_value(args, "--speculative-draft-model") is None
-    )
+def draft_from_checkpoint(args: tuple[str, ...] | list[str], engine: str = engines.DEFAULT) -> bool:
+    """Speculative decoding whose draft layers are the checkpoint's own (MTP)."""
+    return engines.engine(engine).draft_from_checkpoint(args)
 
 
 def check_speculative_settings(args: tuple[str, ...] | list[str], where: str) -> None:
@@ -139,7 +126,7 @@ def check_speculative_settings(args: tuple[str, ...] | list[str], where: str) ->
     counts = {}
     for flag in ("--speculative-num-steps", "--speculative-eagle-topk",
                  "--speculative-num-draft-tokens"):  # fmt: skip
-        value = _flag_value(args, flag)
+        value = flag_value(args, flag)
         if value is None:
             continue
         if not (value.isdigit() and int(value) > 0):
@@ -221,15 +208,21 @@ def check_mtp_weights(checkpoint: Path, config: dict, where: str) -> str:
 
 
 def check_checkpoint(
-    profile: str, args: tuple[str, ...], model: str, local: bool, revision: str, hf_cache: str
+    profile: str,
+    args: tuple[str, ...],
+    model: str,
+    local: bool,
+    revision: str,
+    hf_cache: str,
+    engine: str = engines.DEFAULT,
 ) -> None:
     """Before a launch: the checkpoint behind `model` (a `local` directory, or a hub id found
     in `hf_cache` at `revision`) against what the command line asks of it. Refuses in one
     line; when the checkpoint is not on this machine, says in one warning line what was not
     checked."""
     where = f"profile {profile}"
-    pattern = index_topk_pattern(args, where)
-    needs_mtp = draft_from_checkpoint(args)
+    pattern = index_topk_pattern(args, where, engine)
+    needs_mtp = draft_from_checkpoint(args, engine)
     if pattern is None and not needs_mtp:
         return
     wanted = " and ".join(
@@ -245,7 +238,7 @@ def check_checkpoint(
     if checkpoint is None:
         progress.warn(
             f"{where}: {wanted} not checked: {model} is not on this machine ({reason}); "
-            "sglang reads it where the server runs"
+            f"{engine} reads it where the server runs"
         )
         return
     config = _read_json(checkpoint / "config.json", where)

@@ -19,7 +19,7 @@ from docker.errors import APIError, ImageNotFound, NotFound
 
 from builder.core import docker_client, progress, registry
 from builder.core.errors import BuilderError
-from builder.spec import launch
+from builder.spec import engines, launch
 from builder.spec.target import Target
 
 # Every label builder puts on an image starts with this.
@@ -42,6 +42,8 @@ def launch_facts(target: Target) -> dict:
             "description": target.description,
             "cuda_version": str(target.cuda_version),
             "arch_list": list(target.arch_list),
+            # Named only when not sglang: an sglang image's recipe stays what it was.
+            **({"engine": target.engine} if target.engine != engines.DEFAULT else {}),
         },
         "profiles": {"default": default, "profiles": profiles},
     }
@@ -164,6 +166,8 @@ def checked_facts(facts: object, where: str) -> dict:
         isinstance(arch, str) and _ARCH.fullmatch(arch) for arch in arch_list
     ):
         raise fail("target.arch_list is not a list of archs such as 12.0f")
+    if target.get("engine", engines.DEFAULT) not in engines.NAMES:
+        raise fail(f"target.engine is not one of {', '.join(engines.NAMES)}")
     profiles = facts.get("profiles")
     if not isinstance(profiles, dict) or not isinstance(profiles.get("profiles"), dict):
         raise fail("profiles is not an object of profiles")
@@ -193,5 +197,8 @@ def _printable_everywhere(value: object, at: str) -> None:
 def profiles_of(recipe: dict, reference: str) -> launch.Profiles:
     """The launch profiles an image was built with, for `launch.resolve`."""
     return launch.Profiles(
-        recipe["profiles"]["profiles"], recipe["profiles"]["default"], f"{reference}:{RECIPE_PATH}"
+        recipe["profiles"]["profiles"],
+        recipe["profiles"]["default"],
+        f"{reference}:{RECIPE_PATH}",
+        recipe["target"].get("engine", engines.DEFAULT),
     )

@@ -21,6 +21,7 @@ from packaging.version import InvalidVersion, Version
 
 from builder.core.errors import BuilderError
 from builder.core.tomlfile import load_toml
+from builder.spec import engines
 from builder.spec.cuda import MIN_CUDA_FOR_ARCH, arch_base
 
 # --- which generator calls the kernel-builder container may run ---------------------------
@@ -110,6 +111,7 @@ class ReleaseSource:
     filename: str
     sha256: str
     python_tag: str  # e.g. cp312: the image's Python must match
+    stable_abi: bool = False  # cp38-abi3: any CPython from that version on
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,9 @@ class ImageSettings:
     python: str  # the image's interpreter (X.Y): what the lock is resolved for
     platform: str  # uv's --python-platform for the lock, e.g. x86_64-manylinux_2_39
     lock: Path  # the reviewed runtime lock (`builder lock`); the image installs from it
+    # Files for the build context from outside the Dockerfile's folder (another target's
+    # shared image scripts), by their own name.
+    context_files: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -191,6 +196,9 @@ class Target:
     jit_job_memory_gb: float
     file: Path
     raw: dict[str, Any] = field(repr=False, compare=False)
+    # The serving engine the image runs (builder/spec/engines): its upstream is the one of
+    # that name, and its wheel the image's server.
+    engine: str = engines.DEFAULT
 
     @property
     def jit_modules(self) -> tuple[str, ...]:
@@ -299,12 +307,25 @@ def _release(reader: _Reader, build: _Reader, version: str) -> ReleaseSource:
     python_tags = {tag.interpreter for tag in tags}
     if len(python_tags) != 1:
         raise reader.fail("ref", f"'{filename}' must be for one Python (one file per Python)")
-    return ReleaseSource(filename, sha256, python_tags.pop())
+    return ReleaseSource(
+        filename, sha256, python_tags.pop(), stable_abi=all(tag.abi == "abi3" for tag in tags)
+    )
 
 
 # `key=value` as /server_info reports it, `env:NAME=value` from the profile's environment,
 # or `always` (the model's own code path loads it under every profile).
 _SETTING_RE = re.compile(r"^(always|(env:)?\w+=.+)$")
+
+
+def _runs_on(release: ReleaseSource, python: str) -> bool:
+    """Whether CPython `python` (X.Y) installs the release file."""
+    if release.python_tag == "py3":
+        return True
+    wanted = f"cp{python.replace('.', '')}"
+    if not release.stable_abi:
+        return release.python_tag == wanted
+    built_for = re.fullmatch(r"cp3(\d+)", release.python_tag)
+    return bool(built_for) and int(built_for.group(1)) <= int(python.split(".")[1])
 
 
 def _platform(image: _Reader) -> str:
@@ -405,6 +426,16 @@ def _target_table(data_dir: Path, name: str, seen: tuple[str, ...] = ()) -> dict
     return _merged(base, raw)
 
 
+def engine_of(target_file: Path) -> str:
+    """The engine a target's image serves with (`engine`, through `extends`), read without
+    loading the rest of the target."""
+    reader = _Reader(target_file, _target_table(target_file.parents[2], target_file.parent.name))
+    engine = reader.get("engine", str, engines.DEFAULT)
+    if engine not in engines.NAMES:
+        raise reader.fail("engine", f"is '{engine}', expected one of {', '.join(engines.NAMES)}")
+    return engine
+
+
 def load_target(data_dir: Path, name: str) -> Target:
     path = data_dir / "images" / name / "target.toml"
     raw = _target_table(data_dir, name)
@@ -453,7 +484,7 @@ def load_target(data_dir: Path, name: str) -> Target:
         raise image.fail("python", f"is '{python}', expected the image's Python as X.Y (3.12)")
     for use in upstreams.values():
         release = use.fork.release
-        if release and release.python_tag not in (f"cp{python.replace('.', '')}", "py3"):
+        if release and not _runs_on(release, python):
             raise BuilderError(
                 f"{use.fork.directory / 'pin.toml'}: field 'ref' names {release.filename}, "
                 f"a {release.python_tag} wheel, but the image runs Python {python} ({path})"
@@ -462,6 +493,17 @@ def load_target(data_dir: Path, name: str) -> Target:
     dockerfile = (path.parent / image.get("dockerfile", str, "Dockerfile")).resolve()
     if not dockerfile.is_file():
         raise image.fail("dockerfile", f"points at {dockerfile}, which does not exist")
+    context_files = tuple(
+        (path.parent / name).resolve() for name in image.strings("context_files", [])
+    )
+    for name, file in zip(image.strings("context_files", []), context_files, strict=True):
+        if not file.is_file():
+            raise image.fail("context_files", f"names {name}, which is no file ({file})")
+    engine = engine_of(path)
+    if engine not in upstreams:
+        raise reader.fail(
+            "engine", f"is '{engine}', but [upstreams] has no '{engine}' to serve with"
+        )
     jit = reader.sub("jit", {})
     modules = tuple(_jit_module(jit, entry) for entry in jit.get("modules", list, []))
     job_memory = jit.get("job_memory_gb", (int, float), 6)
@@ -486,10 +528,12 @@ def load_target(data_dir: Path, name: str) -> Target:
             python=python,
             platform=_platform(image),
             lock=path.parent / image.get("lock", str, "runtime-lock.txt"),
+            context_files=context_files,
         ),
         upstreams=upstreams,
         jit=modules,
         jit_job_memory_gb=float(job_memory),
         file=path,
         raw=raw,
+        engine=engine,
     )

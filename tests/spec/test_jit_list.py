@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from builder.spec import launch
+from builder.spec.engines import vllm
 from builder.spec.jit import jit_list, packs
 from builder.spec.target import available_targets, load_target
 from tests.conftest import REPO_ROOT
@@ -40,6 +41,11 @@ def test_profiles_ask_for_what_they_expect(target_name: str) -> None:
     for name in known.profiles:
         recipe = launch.resolve(known, name, "i@sha256:" + "0" * 64, launch.Overrides())
         args = recipe.args
+        if target.engine == "vllm":  # expect holds what /v1/models and the log read back
+            asked = vllm.ENGINE.asked(args)
+            for key, value in recipe.expect.items():
+                assert asked.get(key) == str(value), f"{name}: expects {key}={value}"
+            continue
         chosen_by_sglang = launch.flattened(known, name).get("chosen_by_sglang", [])
         for key, value in recipe.expect.items():
             flag = "--" + key.replace("_", "-")

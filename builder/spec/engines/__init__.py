@@ -1,0 +1,32 @@
+"""The serving engine a target's image runs (target.toml `engine`), as one small interface.
+
+What differs between sglang and vLLM lives in one module per engine (sglang.py, vllm.py):
+how a server says it is ready and what it serves, the speculative-decoding flags and
+figures, and the benchmark client it ships. Each is pure: it reads answers (HTTP bodies,
+log text) handed to it and builds argument lists, so the GPU VM's commands and the tests
+drive the same code. The flag reader of each engine's argument parser is on the upstream
+side (builder/upstream/sglang_parser.py, vllm_parser.py), chosen by the same name.
+"""
+
+from __future__ import annotations
+
+from builder.core.errors import BuilderError
+from builder.spec.engines.base import Engine, Probe, flag_value
+
+__all__ = ["DEFAULT", "NAMES", "Engine", "Probe", "engine", "flag_value"]
+
+NAMES = ("sglang", "vllm")
+DEFAULT = "sglang"
+
+
+def engine(name: str) -> Engine:
+    """The engine called `name` (target.toml's `engine`, a recipe's, a receipt's)."""
+    if name == "sglang":
+        from builder.spec.engines import sglang
+
+        return sglang.ENGINE
+    if name == "vllm":
+        from builder.spec.engines import vllm
+
+        return vllm.ENGINE
+    raise BuilderError(f"engine '{name}' is not one builder knows ({', '.join(NAMES)})")

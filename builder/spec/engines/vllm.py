@@ -1,0 +1,242 @@
+"""vLLM (0.34) as builder's engine: what its server answers and logs, read in the 0.34.0
+release (docs/research/vllm-0.34-b12x.md §5-6 has the file:line of each).
+
+A vLLM server binds its port but does not listen until the engine has loaded, profiled
+and captured its graphs: while it loads, a probe gets "connection refused" (wait-ready
+tells loading from crashed by the container, as for sglang). Then /health answers 200,
+/v1/models names the served model (`id`), the path or hub id it loaded (`root`) and the
+context length, and a one-token completion proves generation. It has no /server_info
+outside its dev mode (which also opens its debug routes), so what it serves is read from
+/v1/models, /version, the `vllm:cache_config_info` metric and, with a container to read,
+its start-up log: the "Initializing a V1 LLM engine" config line (tensor_parallel_size,
+kv_cache_dtype, the kernel config's MoE and linear backends, the speculative config) and
+the backend lines ("Using AttentionBackendEnum.X backend.", "Using B12X NvFp4 MoE
+backend").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+
+from builder.spec.engines.base import Probe, flag_value
+
+NAME = "vllm"
+_CONFIG_LINE = re.compile(r"Initializing a V1 LLM engine \(v([^)]*)\) with config: (.*)$", re.M)
+# Fields of VllmConfig.__str__ (config/vllm.py:2890-2923) that say what a profile asked for.
+_CONFIG_FIELDS = {
+    "tensor_parallel_size": re.compile(r"\btensor_parallel_size=(\d+)"),
+    "kv_cache_dtype": re.compile(r"\bkv_cache_dtype=([\w.]+)"),
+    "quantization": re.compile(r"\bquantization=([\w.]+)"),
+    "revision": re.compile(r"\brevision=([^\s,]+)"),
+    "enforce_eager": re.compile(r"\benforce_eager=(\w+)"),
+    "moe_backend": re.compile(r"\bmoe_backend='?([\w-]+)'?"),
+    "linear_backend": re.compile(r"\blinear_backend='?([\w-]+)'?"),
+    "speculative_method": re.compile(r"SpeculativeConfig\(method='([\w-]+)'"),
+    "num_speculative_tokens": re.compile(r"\bnum_spec_tokens=(\d+)"),
+    "cudagraph_mode": re.compile(r"'cudagraph_mode': <?(?:CUDAGraphMode\.)?'?([A-Z_]+)"),
+}
+_ASKED_FLAGS = {
+    "revision": "--revision",
+    "tensor_parallel_size": "--tensor-parallel-size",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "attention_backend": "--attention-backend",
+    "moe_backend": "--moe-backend",
+    "linear_backend": "--linear-backend",
+}
+_ATTENTION = re.compile(
+    r"Using (?:AttentionBackendEnum\.)?([A-Z0-9_]+) (?:attention )?backend(?:\.| out of)"
+)
+_MOE = re.compile(r"Using ([A-Z0-9_]+) NvFp4 MoE backend")
+_CACHE_INFO = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.M)
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_SPEC_COUNTER = re.compile(
+    r"^vllm:spec_decode_num_(drafts|draft_tokens|accepted_tokens)(?:_total)?(?:\{[^}]*\})? "
+    r"([0-9.eE+-]+)$",
+    re.M,
+)
+
+
+class VllmEngine:
+    name = NAME
+    probes = (
+        Probe("/health", 10, "engine not up"),
+        Probe("/v1/models", 10, "no model listed yet"),
+        Probe(
+            "/v1/completions", 120, "warming up",
+            body='{"model": "{served}", "prompt": "1", "max_tokens": 1, "temperature": 0}',
+        ),
+    )  # fmt: skip
+    identity_paths = ("/v1/models", "/version", "/metrics")
+    api_key_file_env = "VLLM_API_KEY_FILE"
+    model_override_flag = "--hf-overrides"
+    # `vllm bench serve` (benchmarks/serve.py), from the image: the client of the server it
+    # measures. Its --save-result keys (serve.py:1317-1432).
+    bench_module = "vllm.entrypoints.cli.main"
+    bench_result_keys = (
+        "completed", "duration", "total_output_tokens", "request_throughput",
+        "output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+        "median_tpot_ms", "p99_tpot_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms",
+    )  # fmt: skip
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        return ("port", *(probe.path for probe in self.probes), "identity")
+
+    def served_name(self, answers: Mapping[str, bytes]) -> str:
+        model = _first_model(answers.get("/v1/models", b""))
+        return str(model.get("id", "")) if model else ""
+
+    def served(self, answers: Mapping[str, bytes], log_text: str = "") -> dict | str:
+        model = _first_model(answers.get("/v1/models", b""))
+        if model is None:
+            return "its /v1/models lists no model (not vLLM?)"
+        served: dict = {
+            "served_model_name": model.get("id"),
+            "model": model.get("root"),
+            "max_model_len": model.get("max_model_len"),
+        }
+        version = _json_object(answers.get("/version", b""))
+        if version and "version" in version:
+            served["version"] = version["version"]
+        info = _CACHE_INFO.search(answers.get("/metrics", b"").decode(errors="replace"))
+        if info:
+            labels = dict(_LABEL.findall(info.group(1)))
+            for key in ("cache_dtype", "block_size", "enable_prefix_caching"):
+                if key in labels:
+                    served[key] = labels[key]
+        served.update(log_settings(log_text))
+        return served
+
+    def speculative(self, args: Sequence[str] | None, served: Mapping) -> bool:
+        flags = [part.split("=", 1)[0] for part in args or ()]
+        return bool(
+            {"--speculative-config", "-sc", "--spec-method"} & set(flags)
+            or served.get("speculative_method")
+        )
+
+    def asked(self, args: Sequence[str]) -> dict:
+        """What a `vllm serve` command line asks for, in the names `served` reads back."""
+        model = args[0] if args and not args[0].startswith("-") else flag_value(args, "--model")
+        asked = {"model": model} if model else {}
+        for key, flag in _ASKED_FLAGS.items():
+            value = flag_value(args, flag)
+            if value is not None:
+                asked[key] = value
+        spec = speculative_config(args)
+        if spec:
+            asked["speculative_method"] = str(spec.get("method"))
+            asked["num_speculative_tokens"] = str(spec.get("num_speculative_tokens"))
+        return asked
+
+    def draft_from_checkpoint(self, args: Sequence[str]) -> bool:
+        """`--speculative-config` with method mtp and no draft model: the checkpoint's own
+        MTP layers (config/speculative.py:831,847-861)."""
+        config = speculative_config(args)
+        return bool(config) and config.get("method") == "mtp" and not config.get("model")
+
+    def acceptance_from_metrics(self, metrics_text: str | None) -> dict:
+        """Acceptance from vLLM's spec-decode counters (v1/spec_decode/metrics.py:180-194):
+        rate = accepted / draft tokens, mean length = 1 + accepted / drafts."""
+        totals: dict[str, list[float]] = {}
+        for name, value in _SPEC_COUNTER.findall(metrics_text or ""):
+            totals.setdefault(name, []).append(float(value))
+        summed = {name: sum(values) for name, values in totals.items()}
+        drafts, tokens = summed.get("drafts"), summed.get("draft_tokens")
+        accepted = summed.get("accepted_tokens")
+        figures = {}
+        if accepted is not None and drafts:
+            figures["accept_length"] = round(1 + accepted / drafts, 4)
+        if accepted is not None and tokens:
+            figures["accept_rate"] = round(accepted / tokens, 4)
+        return figures
+
+    def bench_result(self, result: Mapping) -> dict:
+        """Its result in the names builder's receipts use (sglang's): `e2el` is the
+        end-to-end latency."""
+        return {
+            key.replace("_e2el_", "_e2e_latency_"): result.get(key)
+            for key in self.bench_result_keys
+        }
+
+    def bench_command(
+        self, *, base_url: str, model: str, tokenizer: str, concurrency: int, prompts: int,
+        input_len: int, output_len: int, seed: int, deadline_s: int, output_file: str,
+    ) -> list[str]:  # fmt: skip
+        """`vllm bench serve` under coreutils' timeout: random prompts of exactly
+        --random-input-len tokens (range ratio 0), the key from OPENAI_API_KEY."""
+        directory, _, filename = output_file.rpartition("/")
+        return [
+            "timeout", "--signal=INT", "--kill-after=30", str(deadline_s),
+            "python3", "-m", self.bench_module, "bench", "serve",
+            "--backend", "vllm",
+            "--base-url", base_url,
+            "--model", model,
+            "--tokenizer", tokenizer,
+            "--dataset-name", "random",
+            "--random-input-len", str(input_len),
+            "--random-output-len", str(output_len),
+            "--random-range-ratio", "0",
+            "--ignore-eos",
+            "--num-prompts", str(prompts),
+            "--max-concurrency", str(concurrency),
+            "--seed", str(seed),
+            "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--metric-percentiles", "50,99",
+            "--save-result",
+            "--result-dir", directory or ".",
+            "--result-filename", filename,
+            "--disable-tqdm",
+        ]  # fmt: skip
+
+
+def speculative_config(args: Sequence[str]) -> dict:
+    """The JSON object of --speculative-config (or -sc), {} when absent or not an object."""
+    raw = flag_value(args, "--speculative-config")
+    raw = flag_value(args, "-sc") if raw is None else raw
+    try:
+        value = json.loads(raw) if raw is not None else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def log_settings(log_text: str) -> dict:
+    """What the start-up log says the engine runs with: the last config line's fields and
+    the backends it picked (each only when the log says it)."""
+    found: dict = {}
+    lines = _CONFIG_LINE.findall(log_text or "")
+    if lines:
+        version, config = lines[-1]
+        found["log_version"] = version
+        for key, pattern in _CONFIG_FIELDS.items():
+            match = pattern.search(config)
+            if match:
+                found[key] = match.group(1)
+    attention = _ATTENTION.findall(log_text or "")
+    if attention:
+        found["attention_backend"] = attention[-1]
+    moe = _MOE.findall(log_text or "")
+    if moe:
+        found["moe_backend_selected"] = moe[-1].lower()
+    return found
+
+
+def _json_object(body: bytes) -> dict | None:
+    try:
+        value = json.loads(body or b"{}")
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _first_model(body: bytes) -> dict | None:
+    listed = _json_object(body)
+    data = listed.get("data") if listed else None
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+        return None
+    return data[0]
+
+
+ENGINE = VllmEngine()
