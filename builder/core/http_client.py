@@ -337,13 +337,15 @@ def get(
     hint: str = "",
     credentials: tuple[str, str] | None = None,
     use_store: bool = True,
+    data: bytes | None = None,
 ) -> Answer:
     """The whole answer, HTTP error statuses included (a 404 is an answer, not an error);
     a body longer than `max_bytes` is refused before more is read; the whole of it within
-    `deadline` seconds (default: DEADLINE_TIMEOUTS x `timeout`), an error body too."""
+    `deadline` seconds (default: DEADLINE_TIMEOUTS x `timeout`), an error body too.
+    With `data`, the request is a POST of it."""
     with _within(deadline or DEADLINE_TIMEOUTS * timeout, url, what, hint) as watch:
         status, answer_headers, where, body = _read_whole(
-            url, what, watch, max_bytes, headers=headers, data=None, timeout=timeout,
+            url, what, watch, max_bytes, headers=headers, data=data, timeout=timeout,
             follow_redirects=follow_redirects, hint=hint, credentials=credentials,
             use_store=use_store,
         )  # fmt: skip

@@ -1,8 +1,11 @@
 """`builder wait-ready`: tell "still loading" from "crashed" from "ready", in stages.
 
-Stages: the port opens, GET /health answers 200 (503 means still starting), GET
-/health_generate answers 200 (a real 1-token generation), GET /server_info shows the
-backends the profile asked for. A crash is the container exiting or restarting, read
+Stages, as the server's engine answers them (builder/spec/engines): the port opens, then
+the engine's probes (sglang: GET /health 200, 503 while loading, then /health_generate, a
+real 1-token generation; vLLM: nothing listens until it has loaded, then /health,
+/v1/models and a 1-token completion), then what it serves is read (sglang's /server_info;
+vLLM's /v1/models, /version, /metrics and, with --container, its start-up log) and held to
+the backends the profile asked for. A crash is the container exiting or restarting, read
 from the engine's container state (exit code and log tail), never guessed from log words.
 Without --container, a server that stops answering is reported as unreachable, not
 crashed: only the engine knows. With a container, no new log line for `stall_s` before the
@@ -21,11 +24,11 @@ from docker.errors import APIError, NotFound
 
 from builder.core import http_client, progress, validate
 from builder.core.errors import EXIT_CODES, BuilderError
+from builder.spec import engines
+from builder.spec.engines import Engine
 
-STAGES = ("port", "/health", "/health_generate", "/server_info")
-# Endpoints that answer 503 until the server is there: (timeout s, what a 503 means).
-# /health_generate runs a real one-token generation, hence its long timeout.
-_PROBES = {"/health": (10, "still loading"), "/health_generate": (120, "warming up")}
+STAGES = engines.engine(engines.DEFAULT).stages  # sglang's, which --help describes
+LOG_LINES = 20_000  # of a watched container's log, read for what the engine says it runs
 
 
 @dataclass
@@ -52,12 +55,17 @@ class Verdict:
         }
 
 
-def _get(url: str, timeout: float, api_key: str | None = None) -> tuple[int, bytes]:
+def _get(
+    url: str, timeout: float, api_key: str | None = None, data: bytes | None = None
+) -> tuple[int, bytes]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    if data is not None:
+        headers["Content-Type"] = "application/json"
     try:
         answer = http_client.get(
-            url, url, headers=headers, timeout=timeout, follow_redirects=False, use_store=False
-        )
+            url, url, headers=headers, timeout=timeout, follow_redirects=False,
+            use_store=False, data=data,
+        )  # fmt: skip
     except BuilderError:  # no answer (Unreachable) or one too large: not there yet
         return 0, b""
     return answer.status, answer.body
@@ -95,12 +103,13 @@ def printable(value: object, limit: int = 200) -> str:
     return shown + ("..." if len(text) > limit else "")
 
 
-def check_server_info(info: dict, expect: dict) -> list[str]:
-    """Every expected key that /server_info reports differently (or not at all)."""
+def check_server_info(info: dict, expect: dict, unread: frozenset[str] = frozenset()) -> list[str]:
+    """Every expected key that the server reports differently (or not at all); keys in
+    `unread` (what only a log no one read would say) are left out."""
     return [
         f"{key}={printable(info.get(key, '<missing>'))} (asked for {value})"
         for key, value in expect.items()
-        if not _same(value, info.get(key))
+        if key not in unread and not _same(value, info.get(key))
     ]
 
 
@@ -130,6 +139,10 @@ class _ContainerWatch:
             )
         return None
 
+    def log_text(self) -> str:
+        """The log's last LOG_LINES lines: a start-up's account of what it runs."""
+        return self.log_tail(LOG_LINES)
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             return self.container.logs(tail=lines).decode(errors="replace")
@@ -157,15 +170,20 @@ def wait_ready(
     poll_s: float = 2.0,
     stall_s: float,
     api_key: str | None = None,
+    engine: Engine | None = None,
 ) -> Verdict:
     url = validate.server_url("wait-ready URL", url)
+    engine = engine or engines.engine(engines.DEFAULT)
+    stages = engine.stages
+    probes = {probe.path: probe for probe in engine.probes}
     watch = _ContainerWatch(docker_client, container) if container else None
     started = time.monotonic()
     stage = 0
     detail = "waiting"
+    answers: dict[str, bytes] = {}  # each probe's 200 body, for the stages after it
     with progress.task("wait-ready", announce=False) as bar:
         task_id = bar.task_ids[0]
-        bar.update(task_id, total=len(STAGES))
+        bar.update(task_id, total=len(stages))
         while True:
             elapsed = time.monotonic() - started
             previous = stage
@@ -173,72 +191,45 @@ def wait_ready(
                 crash = watch.crashed()
                 if crash:
                     return Verdict(
-                        "crashed", crash, STAGES[stage], elapsed, log_tail=watch.log_tail()
+                        "crashed", crash, stages[stage], elapsed, log_tail=watch.log_tail()
                     )
                 quiet = watch.quiet_for()
                 if quiet > stall_s:
                     return Verdict(
                         "stalled",
-                        f"no new log line for {quiet / 60:.1f} min at stage {STAGES[stage]} "
+                        f"no new log line for {quiet / 60:.1f} min at stage {stages[stage]} "
                         f"({detail}); the container is running but not progressing (NCCL "
                         "initialisation over PCIe P2P in a VM hangs like this: try "
                         "NCCL_P2P_DISABLE=1)",
-                        STAGES[stage],
+                        stages[stage],
                         elapsed,
                         log_tail=watch.log_tail(),
                     )
-            if STAGES[stage] == "port":
+            if stages[stage] == "port":
                 if _port_open(url):
                     stage, detail = 1, "port open"
                 else:
                     detail = "port closed (starting)"
-            elif STAGES[stage] in _PROBES:
-                timeout, waiting = _PROBES[STAGES[stage]]
-                status, _ = _get(f"{url}{STAGES[stage]}", timeout=timeout)
+            elif stages[stage] in probes:
+                probe = probes[stages[stage]]
+                data = None
+                if probe.body:
+                    served = json.dumps(engine.served_name(answers))[1:-1]
+                    data = probe.body.replace("{served}", served).encode()
+                status, body = _get(f"{url}{probe.path}", probe.timeout_s, api_key, data)
+                if status in (401, 403):
+                    return _refused(probe.path, status, api_key, time.monotonic() - started)
                 if status == 200:
-                    detail = f"{STAGES[stage]} 200"
+                    answers[probe.path] = body
+                    detail = f"{probe.path} 200"
                     stage += 1
                 else:
-                    detail = f"{STAGES[stage]} {status or 'no answer'} ({waiting})"
+                    detail = f"{probe.path} {status or 'no answer'} ({probe.waiting})"
             else:
-                status, body = _get(f"{url}/server_info", timeout=30, api_key=api_key)
-                if status in (401, 403):
-                    return Verdict(
-                        "mismatch",
-                        f"server is up but refuses /server_info ({status}): "
-                        + ("the API key is not the server's" if api_key else "it requires an "
-                           "API key; pass --api-key-file FILE"),
-                        "/server_info",
-                        time.monotonic() - started,
-                    )  # fmt: skip
-                if status == 200:
-                    info = _json_object(body)
-                    elapsed = time.monotonic() - started
-                    if info is None:
-                        return Verdict(
-                            "mismatch",
-                            "server is up but its /server_info is not a JSON object (not sglang?)",
-                            "/server_info",
-                            elapsed,
-                        )
-                    wrong = check_server_info(info, expect or {})
-                    if wrong:
-                        return Verdict(
-                            "mismatch",
-                            "server is up but /server_info shows " + "; ".join(wrong),
-                            "/server_info",
-                            elapsed,
-                            server_info=info,
-                        )
-                    checked = "backends match" if expect else "backends not checked (no profile)"
-                    return Verdict(
-                        "ready",
-                        f"ready in {elapsed:.0f} s: generation works, {checked}",
-                        "/server_info",
-                        elapsed,
-                        server_info=info,
-                    )
-                detail = f"/server_info {status or 'no answer'}"
+                verdict = _identity(url, engine, answers, expect or {}, api_key, watch, started)
+                if isinstance(verdict, Verdict):
+                    return verdict
+                detail = verdict
             bar.update(
                 task_id,
                 completed=stage,
@@ -256,9 +247,70 @@ def wait_ready(
                     "timeout",
                     f"not ready after {elapsed / 60:.1f} min, last: {detail}; {where} "
                     "(still loading is not a crash: raise --deadline or look at its log)",
-                    STAGES[stage],
+                    stages[stage],
                     elapsed,
                     log_tail=watch.log_tail() if watch else "",
                 )
             if stage == previous:
                 time.sleep(poll_s)
+
+
+def _refused(path: str, status: int, api_key: str | None, elapsed: float) -> Verdict:
+    return Verdict(
+        "mismatch",
+        f"server is up but refuses {path} ({status}): "
+        + ("the API key is not the server's" if api_key else "it requires an API key; pass "
+           "--api-key-file FILE"),
+        path,
+        elapsed,
+    )  # fmt: skip
+
+
+def _identity(
+    url: str,
+    engine: Engine,
+    answers: dict[str, bytes],
+    expect: dict,
+    api_key: str | None,
+    watch: _ContainerWatch | None,
+    started: float,
+) -> Verdict | str:
+    """What the server says it serves, held to `expect`; while it does not answer, what
+    it said instead."""
+    stage = engine.stages[-1]
+    for path in engine.identity_paths:
+        status, body = _get(f"{url}{path}", timeout=30, api_key=api_key)
+        if status in (401, 403):
+            return _refused(path, status, api_key, time.monotonic() - started)
+        if status != 200:
+            return f"{path} {status or 'no answer'}"
+        answers[path] = body
+    log_text = watch.log_text() if watch and engine.log_keys else ""
+    served = engine.served(answers, log_text)
+    elapsed = time.monotonic() - started
+    if isinstance(served, str):
+        return Verdict("mismatch", f"server is up but {served}", stage, elapsed)
+    unread = engine.log_keys if not log_text else frozenset()
+    wrong = check_server_info(served, expect, unread)
+    if wrong:
+        return Verdict(
+            "mismatch",
+            f"server is up but {engine.identity_paths[0]} shows " + "; ".join(wrong),
+            stage,
+            elapsed,
+            server_info=served,
+        )
+    skipped = sorted(set(expect) & unread)
+    if not expect:
+        checked = "backends not checked (no profile)"
+    elif skipped:
+        checked = (
+            f"backends match; not checked without --container (its log says them): "
+            f"{', '.join(skipped)}"
+        )
+    else:
+        checked = "backends match"
+    return Verdict(
+        "ready", f"ready in {elapsed:.0f} s: generation works, {checked}", stage, elapsed,
+        server_info=served,
+    )  # fmt: skip

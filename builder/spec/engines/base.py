@@ -25,6 +25,7 @@ class Engine(Protocol):
     # the probes, then the identity read (`identity_paths`).
     probes: tuple[Probe, ...]
     identity_paths: tuple[str, ...]  # GETs whose answers say what it serves
+    log_keys: frozenset[str]  # served settings only its start-up log says
     bench_module: str  # the benchmark client inside the image (python3 -m ...)
     # The image's entrypoint takes the API key from the file this variable names.
     api_key_file_env: str

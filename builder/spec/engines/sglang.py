@@ -27,6 +27,7 @@ class SglangEngine:
     )
     identity_paths = ("/server_info",)
     api_key_file_env = "SGLANG_API_KEY_FILE"
+    log_keys: frozenset[str] = frozenset()  # /server_info says it all
     model_override_flag = "--json-model-override-args"
     # `python3 -m sglang.bench_serving` is the module in sglang 0.5.9 and still starts
     # 0.5.23's (which moved to `sglang.benchmark.serving` and forwards).

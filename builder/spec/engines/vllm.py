@@ -70,6 +70,10 @@ class VllmEngine:
     )  # fmt: skip
     identity_paths = ("/v1/models", "/version", "/metrics")
     api_key_file_env = "VLLM_API_KEY_FILE"
+    # What only the start-up log says (no HTTP answer holds it outside vLLM's dev mode).
+    log_keys = frozenset(
+        {*_CONFIG_FIELDS, "log_version", "attention_backend", "moe_backend_selected"}
+    )
     model_override_flag = "--hf-overrides"
     # `vllm bench serve` (benchmarks/serve.py), from the image: the client of the server it
     # measures. Its --save-result keys (serve.py:1317-1432).

@@ -1,0 +1,158 @@
+"""A stand-in for a `vllm serve` server (no GPU exists here), run inside a real container.
+
+    python3 standin_vllm.py PORT [vllm serve ARGS...]
+
+It plays vLLM 0.34.0's start as read in its source (docs/research/vllm-0.34-b12x.md §5):
+it logs the "Initializing a V1 LLM engine" config line made from ARGS (model, revision,
+tensor_parallel_size, kv_cache_dtype, the speculative and kernel configs), loads for
+STARTUP_SECONDS with its port closed (vLLM binds but does not listen until the engine is
+up), logs the attention and MoE backend lines, then listens: /health, /v1/models (`id` the
+served name, `root` the model), /version, /metrics (`vllm:cache_config_info` and the
+spec-decode counters), POST /v1/completions. The key from VLLM_API_KEY (or --api-key)
+guards /v1 only, as vLLM's does. ATTENTION_LOGGED overrides the attention backend it says
+it picked (a server that fell back to another one); DIE_AFTER_SECONDS exits with
+EXIT_CODE mid-start, like a crash.
+"""
+
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PORT = int(sys.argv[1])
+ARGS = sys.argv[2:]
+STARTUP = float(os.environ.get("STARTUP_SECONDS", "2"))
+DIE_AFTER = os.environ.get("DIE_AFTER_SECONDS")
+
+
+def flag(name, default=None):
+    value = default
+    for at, word in enumerate(ARGS):
+        if word == name and at + 1 < len(ARGS):
+            value = ARGS[at + 1]
+        elif word.startswith(name + "="):
+            value = word.split("=", 1)[1]
+    return value
+
+
+MODEL = ARGS[0] if ARGS and not ARGS[0].startswith("-") else flag("--model", "facebook/opt-125m")
+SERVED = flag("--served-model-name", MODEL)
+API_KEY = flag("--api-key") or os.environ.get("VLLM_API_KEY")
+SPEC = json.loads(flag("--speculative-config", "null") or "null")
+
+
+def log(line):
+    print(f"(APIServer pid=1) INFO 12-07 17:00:00 {line}", flush=True)
+
+
+def config_line():
+    spec = (
+        f"SpeculativeConfig(method='{SPEC['method']}', model=None, "
+        f"num_spec_tokens={SPEC['num_speculative_tokens']})"
+        if SPEC
+        else "None"
+    )
+    return (
+        f"Initializing a V1 LLM engine (v0.34.0) with config: model={MODEL!r}, "
+        f"speculative_config={spec}, tokenizer={MODEL!r}, skip_tokenizer_init=False, "
+        f"tokenizer_mode=auto, revision={flag('--revision')}, tokenizer_revision=None, "
+        f"trust_remote_code=True, dtype=torch.bfloat16, max_seq_len=202752, "
+        f"download_dir=None, load_format=auto, "
+        f"tensor_parallel_size={flag('--tensor-parallel-size', '1')}, "
+        f"pipeline_parallel_size=1, data_parallel_size=1, quantization=modelopt_fp4, "
+        f"enforce_eager=False, kv_cache_dtype={flag('--kv-cache-dtype', 'auto')}, "
+        f"device_config=cuda, served_model_name={SERVED}, enable_prefix_caching=True, "
+        f"compilation_config={{'mode': <CompilationMode.VLLM_COMPILE: 3>, "
+        f"'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>}}, "
+        f"kernel_config=KernelConfig(enable_flashinfer_autotune=None, "
+        f"moe_backend='{flag('--moe-backend', 'auto')}', "
+        f"linear_backend='{flag('--linear-backend', 'auto')}')"
+    )
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def answer(self, status, body, kind="application/json"):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def refused(self):
+        if (
+            API_KEY
+            and self.path.startswith("/v1")
+            and (self.headers.get("Authorization") != f"Bearer {API_KEY}")
+        ):
+            self.answer(401, {"error": "Unauthorized"})
+            return True
+        return False
+
+    def do_GET(self):
+        if self.refused():
+            return
+        if self.path == "/health":
+            self.answer(200, b"")
+        elif self.path == "/version":
+            self.answer(200, {"version": "0.34.0"})
+        elif self.path == "/v1/models":
+            card = {"id": SERVED, "object": "model", "created": 1, "owned_by": "vllm",
+                    "root": MODEL, "parent": None, "max_model_len": 202752, "permission": []}  # fmt: skip
+            self.answer(200, {"object": "list", "data": [card]})
+        elif self.path == "/metrics":
+            cache = flag("--kv-cache-dtype", "auto")
+            text = (
+                "# TYPE vllm:cache_config_info gauge\n"
+                f'vllm:cache_config_info{{block_size="64",cache_dtype="{cache}",'
+                'enable_prefix_caching="True",engine="0"} 1.0\n'
+            )
+            if SPEC:
+                text += (
+                    'vllm:spec_decode_num_drafts_total{engine="0"} 100.0\n'
+                    'vllm:spec_decode_num_draft_tokens_total{engine="0"} 300.0\n'
+                    'vllm:spec_decode_num_accepted_tokens_total{engine="0"} 186.0\n'
+                )
+            self.answer(200, text.encode(), "text/plain")
+        else:
+            self.answer(404, {"detail": "Not Found"})
+
+    def do_POST(self):
+        if self.refused():
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        request = json.loads(self.rfile.read(length) or b"{}")
+        if self.path != "/v1/completions":
+            self.answer(404, {"detail": "Not Found"})
+        elif request.get("model") != SERVED:
+            self.answer(
+                404, {"error": {"message": f"The model `{request.get('model')}` does not exist."}}
+            )
+        else:
+            self.answer(200, {"object": "text_completion", "model": SERVED,
+                              "choices": [{"index": 0, "text": "2", "finish_reason": "length"}]})  # fmt: skip
+
+
+def main():
+    log(config_line())
+    started = time.monotonic()
+    while time.monotonic() - started < STARTUP:
+        if DIE_AFTER and time.monotonic() - started >= float(DIE_AFTER):
+            log("ERROR EngineCore failed to start: simulated fatal error")
+            sys.exit(int(os.environ.get("EXIT_CODE", "1")))
+        log("Loading safetensors checkpoint shards ...")
+        time.sleep(0.5)
+    attention = os.environ.get("ATTENTION_LOGGED", flag("--attention-backend", "TRITON_MLA"))
+    log(f"Using AttentionBackendEnum.{attention} backend.")
+    if flag("--moe-backend"):
+        log(f"Using {flag('--moe-backend').upper()} NvFp4 MoE backend.")
+    log(f"Starting vLLM server on http://0.0.0.0:{PORT}")
+    ThreadingHTTPServer(("0.0.0.0", PORT), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()
