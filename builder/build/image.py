@@ -471,6 +471,10 @@ def _replaceable(folder: Path) -> bool:
 
 def check_save_context(destination: Path) -> None:
     """A new or empty folder, or one an earlier --save-context wrote (it is replaced)."""
+    if not destination.resolve().name:  # no folder beside `/` to swap it through
+        raise BuilderError(
+            f"--save-context {destination}: the file system root; give a new or empty folder"
+        )
     for folder in (destination, *_save_context_siblings(destination)):
         if not _replaceable(folder):
             raise BuilderError(
@@ -480,9 +484,9 @@ def check_save_context(destination: Path) -> None:
 
 
 def _save_context_siblings(destination: Path) -> tuple[Path, Path]:
-    return destination.with_name(destination.name + ".partial"), destination.with_name(
-        destination.name + ".old"
-    )
+    """The folders it is swapped through, beside it (`.` and `..` name no folder of their own)."""
+    folder = destination.resolve()
+    return folder.with_name(folder.name + ".partial"), folder.with_name(folder.name + ".old")
 
 
 def _save_context(
