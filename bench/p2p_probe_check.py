@@ -15,7 +15,7 @@ kernel wheel too, for the PCIe IPC all-reduce; without it that stage is skipped)
    OUT/sglang-cache, outside it);
 5. read back through launch's path (builder/site/p2p_record.apply on the profile
 builder/spec/launch.py
-   resolves, which serve.py's recipe_from_args calls) for --profile and its -pcie-ar
+   resolves, which launch_options.py's recipe_from_args calls) for --profile and its -pcie-ar
    sibling, and through `builder launch --json` itself where builder's CLI can import
    here (docker, platformdirs ... are not on a bare GPU host): launch.json.
 summary.json holds each step's outcome. Only the standard library and builder's light
@@ -43,7 +43,7 @@ def _write(out: Path, name: str, data: dict) -> Path:
 
 def _launch_read(target_file: Path, profile: str, cache: Path) -> dict:
     """What launch applies on this machine: the profile resolved as `builder launch` resolves
-    it, then the record step recipe_from_args runs (builder/site/commands/serve.py)."""
+    it, then the record step recipe_from_args runs (builder/site/commands/launch_options.py)."""
     from builder.core.errors import BuilderError
     from builder.site import p2p_record
     from builder.spec import launch

@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     from builder.build.commands import build, keygen, lock, publish
     from builder.cli import shell
     from builder.core.options import EPILOG, HelpFormatter, add_global_flags
-    from builder.site.commands import check, jit, qualify, serve
+    from builder.site.commands import check, deploy_files, jit, launch, qualify, wait_ready
     from builder.upstream.commands import patches, upstream
 
     parser = _Parser(
@@ -101,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     patches.register(sub)
     upstream.register(sub)
     keygen.register(jit.register(sub))
-    serve.register(sub)
+    launch.register(sub)
+    deploy_files.register(sub)
+    wait_ready.register(sub)
     check.register(sub)
     qualify.register(sub)
     shell.register(sub, parser)

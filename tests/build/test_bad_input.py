@@ -266,6 +266,9 @@ def test_patch_that_breaks_python_syntax_never_reaches_the_wheelhouse(builder: B
         (["image", "--push", "registry.example/ml/x:v1"], "without a tag or digest"),
         (["image", "--push", "reg.example/x@sha256:00"], "without a tag or digest"),
         (["image", "--tag", "rc-1"], "--tag rc-1: needs --push REGISTRY/REPO"),
+        # No folder beside it to be swapped through: refused in one line, not a ValueError.
+        (["image", "--save-context", "/"], "--save-context /: the file system root"),
+        (["image", "--save-context", "."], "--save-context .: . exists and is not a build context"),
         (["image", "--push", "reg.example/x", "--tag", ".bad"], "--tag .bad: not an image tag"),
         (["deploy-files", "--out", "/proc/nope"], "--out /proc/nope: cannot create or write it"),
         (["wait-ready", "localhost:30000"], "expected http://HOST:PORT"),

@@ -184,7 +184,7 @@ def test_image_runtime_requirements_come_from_target_pins_and_wheel_metadata(
 ) -> None:
     from types import SimpleNamespace
 
-    from builder.build.image import runtime_inputs, wheels_requirements
+    from builder.build.image_plan import runtime_inputs, wheels_requirements
     from builder.spec.target import load_target
 
     builder, result = first

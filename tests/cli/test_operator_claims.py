@@ -228,8 +228,8 @@ def check_example(line: str) -> str | None:
     from builder.cli.main import build_parser
     from builder.core import validate
     from builder.core.errors import BuilderError
+    from builder.site.commands.launch_options import key_values
     from builder.site.commands.qualify_sweep import sets_for
-    from builder.site.commands.serve import _key_values
     from builder.spec import launch
     from builder.spec.target import load_target
 
@@ -264,7 +264,7 @@ def check_example(line: str) -> str | None:
             sets = sets_for(args.set, name) if getattr(args, "sweep", None) else args.set
             overrides = launch.Overrides(
                 model=getattr(args, "model", None), port=getattr(args, "port", None),
-                params=tuple(_key_values("--set", sets)),
+                params=tuple(key_values("--set", sets)),
                 extra_args=tuple(getattr(args, "extra_arg", ())),
                 hf_cache=getattr(args, "hf_cache", None),
                 container_name=getattr(args, "name", None),

@@ -25,8 +25,8 @@ import yaml
 from builder.cli.main import build_parser
 from builder.site import gates, sweep
 from builder.site.commands import qualify_sweep
+from builder.site.commands.launch_options import recipe_from_args
 from builder.site.commands.qualify_run import redacted
-from builder.site.commands.serve import recipe_from_args
 from builder.site.receipt_views import RECEIPT_SCHEMA
 from tests.core.test_registry_api import CREDS, _push_image
 

@@ -22,6 +22,7 @@ from builder.spec.target import GENERATOR_RULE, is_flashinfer_call
 
 docker_client = lazy_module("builder.core.docker_client")
 image = lazy_module("builder.build.image")
+image_plan = lazy_module("builder.build.image_plan")
 launch = lazy_module("builder.spec.launch")
 lock = lazy_module("builder.spec.lockfile")
 manifest = lazy_module("builder.spec.manifest")
@@ -98,7 +99,7 @@ def cmd_wheels(args: argparse.Namespace) -> None:
     emit(args, result, lines)
 
 
-def _image_options(args: argparse.Namespace, ctx: pipeline.Context) -> image.ImageOptions:
+def _image_options(args: argparse.Namespace, ctx: pipeline.Context) -> image_plan.ImageOptions:
     """Every `builder image` choice resolved in one place (flag, else environment, else the
     target's data) and validated before anything is fetched or built."""
     target = ctx.target
@@ -133,7 +134,7 @@ def _image_options(args: argparse.Namespace, ctx: pipeline.Context) -> image.Ima
                     f"--jit-modules: '{module[:200]}' is not a FlashInfer call "
                     f"({GENERATOR_RULE}): refused"
                 )
-    options = image.ImageOptions(
+    options = image_plan.ImageOptions(
         base_image=args.base_image or target.image.base,
         pip_index_url=args.pip_index_url or target.image.pip_index_url,
         pip_extra_index_url=(
@@ -162,10 +163,10 @@ PLAN_BUILDS = (
 )
 
 
-def _plan_without_daemon(args, ctx, options: image.ImageOptions, why: Unreachable) -> None:
+def _plan_without_daemon(args, ctx, options: image_plan.ImageOptions, why: Unreachable) -> None:
     """`image --plan` with no daemon: what is known from this machine, and what is not."""
     _, wheels = forks_and_wheels(args, ctx)
-    result = image.local_plan(ctx.target, wheels, options)
+    result = image_plan.local_plan(ctx.target, wheels, options)
     result["daemon"] = str(why)
     lock = result["runtime_lock"]
     provided = ", ".join(lock["base_provides"])
@@ -208,7 +209,7 @@ def cmd_image(args: argparse.Namespace) -> None:
     options = _image_options(args, ctx)
     if inputs:
         recipe_folder = target.image.dockerfile.parent  # its own entry: a file added there
-        inputs.also([recipe_folder, target.image.lock, *image.recipe_files(target)])
+        inputs.also([recipe_folder, target.image.lock, *image_plan.recipe_files(target)])
     if args.push and not args.plan:
         provenance.refuse_dirty_push(ctx.data_dir, args.allow_dirty)
     if args.plan:  # said first: the plan is not free, and the reader should know why
@@ -221,23 +222,23 @@ def cmd_image(args: argparse.Namespace) -> None:
         _plan_without_daemon(args, ctx, options, exc)
         return
     forks, wheels = forks_and_wheels(args, ctx)
-    image_plan = image.plan(client, target, forks, wheels, options)
+    planned = image.plan(client, target, forks, wheels, options)
 
     if args.plan:
         result = {
-            "reference": image_plan.reference,
-            "inputs": image_plan.inputs_hash,
+            "reference": planned.reference,
+            "inputs": planned.inputs_hash,
             "stages": {
-                stage: {"key": image_plan.stage_keys[stage], "rebuild": why or None}
-                for stage, why in image_plan.rebuild.items()
+                stage: {"key": planned.stage_keys[stage], "rebuild": why or None}
+                for stage, why in planned.rebuild.items()
             },
-            "buildargs": image_plan.buildargs,
+            "buildargs": planned.buildargs,
         }
-        lines = [f"image {image_plan.reference}"]
-        for stage, why in image_plan.rebuild.items():
+        lines = [f"image {planned.reference}"]
+        for stage, why in planned.rebuild.items():
             lines.append(f"  {stage:<10} {'rebuild: ' + why if why else 'cached'}")
         result["kernels"] = image.kernel_plan(
-            client, target, wheels, options, image_plan, ctx.cache_dir
+            client, target, wheels, options, planned, ctx.cache_dir
         )
         for module in result["kernels"]:
             lines.append(
@@ -253,7 +254,7 @@ def cmd_image(args: argparse.Namespace) -> None:
     while True:
         try:
             result = image.build_image(
-                client, target, forks, wheels, options, image_plan, ctx.cache_dir, save_context
+                client, target, forks, wheels, options, planned, ctx.cache_dir, save_context
             )
             break
         except packs.PackRefused as exc:
@@ -264,7 +265,7 @@ def cmd_image(args: argparse.Namespace) -> None:
             refused.add(exc.pack)
             pack = packs.packs_dir(ctx.cache_dir) / exc.pack
             packs.reject(pack, f"{pack}: {exc.why}")
-            image_plan = image.plan(client, target, forks, wheels, options)
+            planned = image.plan(client, target, forks, wheels, options)
     wheels = {**wheels, "kernels": into_wheelhouse(result.kernel_wheel, wheelhouse_dir(args, ctx))}
     if args.push:
         result.pushed = registry.push(client, result.reference, args.push, tuple(args.tag))
@@ -281,7 +282,7 @@ def cmd_image(args: argparse.Namespace) -> None:
         forks,
         wheels,
         image=image_record,
-        image_options=image.options_record(options),
+        image_options=image_plan.options_record(options),
         published=published,
         launch=launch.all_recipes(target.file, reference),
         builder_wheel=own_wheel,
@@ -289,7 +290,7 @@ def cmd_image(args: argparse.Namespace) -> None:
     written = manifest.write(
         manifest.manifest_dir(ctx.data_dir, args.manifest_dir, target.name),
         record,
-        image_plan.inputs_hash[:12],
+        planned.inputs_hash[:12],
         sbom=result.sbom,
     )
     if publish_error:
@@ -308,7 +309,7 @@ def cmd_image(args: argparse.Namespace) -> None:
             wheel_files=[wheel.path for wheel in wheels.values()],  # in the wheelhouse
             images={result.reference: result.image_id, options.base_image: result.base_image_id},
             manifest_dir=written.parent,
-            manifest_tag=image_plan.inputs_hash[:12],
+            manifest_tag=planned.inputs_hash[:12],
             manifest=record,
             sbom=result.sbom,
             output_json=json_object(output),

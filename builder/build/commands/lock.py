@@ -13,7 +13,7 @@ from builder.core.errors import BuilderError
 from builder.core.lazy import lazy_module
 from builder.core.options import FETCH, PROJECT, add_command, emit
 
-image = lazy_module("builder.build.image")
+image_plan = lazy_module("builder.build.image_plan")
 lockfile = lazy_module("builder.spec.lockfile")
 lock = lazy_module("builder.build.lock")
 pipeline = lazy_module("builder.build.pipeline")
@@ -62,7 +62,7 @@ def cmd_lock(args: argparse.Namespace) -> None:
         ours: set[str] = set()
     else:
         requires = _declared_requirements(ctx)
-        requirements = image.runtime_inputs(target, requires)
+        requirements = image_plan.runtime_inputs(target, requires)
         ours = set(requires)
     if args.check:
         if not output.is_file():

@@ -19,7 +19,8 @@ from builder.core.options import (
     print_json,
 )
 from builder.core.settings import resolve_data_dir
-from builder.site.commands.serve import compiled_line, launched_with, say_receipt
+from builder.site.commands.launch_options import say_receipt
+from builder.site.commands.wait_ready import compiled_line, launched_with
 from builder.spec.target import load_target
 
 docker_client = lazy_module("builder.core.docker_client")

@@ -19,6 +19,7 @@ from builder.core.options import (
     print_json,
     print_table,
 )
+from builder.site.commands.launch_options import add_launch_options, read_api_key
 from builder.site.commands.qualify_run import (
     STALL_MINUTES,
     Checked,
@@ -26,10 +27,6 @@ from builder.site.commands.qualify_run import (
     run_checks,
 )
 from builder.site.commands.qualify_start import start_and_qualify
-from builder.site.commands.serve import (
-    add_launch_options,
-    read_api_key,
-)
 
 docker_client = lazy_module("builder.core.docker_client")
 gsm8k = lazy_module("builder.site.gsm8k")

@@ -9,8 +9,9 @@ from builder.core.cache import atomic_write_text
 from builder.core.errors import BuilderError
 from builder.core.lazy import lazy_module
 from builder.core.settings import resolve_data_dir
+from builder.site.commands.launch import start_server
+from builder.site.commands.launch_options import recipe_from_args
 from builder.site.commands.qualify_run import Checked, Launched, Plan, run_checks
-from builder.site.commands.serve import recipe_from_args, start_server
 from builder.spec.target import load_target
 
 docker_client = lazy_module("builder.core.docker_client")

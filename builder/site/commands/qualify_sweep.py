@@ -16,8 +16,8 @@ from builder.core.cache import atomic_write_text
 from builder.core.errors import EXIT_CODES, BuilderError
 from builder.core.options import print_json, print_table
 from builder.site import sweep
+from builder.site.commands.launch_options import check_checkpoint, launch_overrides
 from builder.site.commands.qualify_start import profiles_for, start_and_qualify
-from builder.site.commands.serve import check_checkpoint, launch_overrides
 from builder.site.receipt_views import RECEIPT_SCHEMA, plot_compare
 from builder.spec import launch, model_check
 
