@@ -40,7 +40,7 @@ def cmd_launch(args: argparse.Namespace) -> None:
     start_server(recipe)
     progress.info(f"started {recipe.container_name}; waiting for it to be ready")
     deadline = recipe.ready_deadline_minutes * 60 if deadline_s is None else deadline_s
-    wait_and_report(args, recipe.url, recipe.container_name, recipe.expect, deadline)
+    wait_and_report(args, recipe.url, recipe.container_name, recipe.expect, deadline, recipe.engine)
 
 
 def start_server(recipe: launch.Recipe) -> None:

@@ -19,6 +19,7 @@ from builder.core.options import (
 )
 from builder.core.settings import resolve_data_dir
 from builder.site.commands.launch_options import key_values, read_api_key
+from builder.spec import engines
 from builder.spec.target import load_target
 
 docker_client = lazy_module("builder.core.docker_client")
@@ -65,9 +66,16 @@ def add_wait_options(command: argparse.ArgumentParser, poll_default: str, when: 
     )  # fmt: skip
 
 
-def wait_and_report(args, url: str, container: str | None, expect: dict, deadline_s: float) -> None:
-    """Wait for the server at `url` (watching `container`, if given), print the verdict and
-    the kernels it compiled at start-up, and exit with the verdict's code."""
+def wait_and_report(
+    args,
+    url: str,
+    container: str | None,
+    expect: dict,
+    deadline_s: float,
+    engine: str = engines.DEFAULT,
+) -> None:
+    """Wait for the `engine` server at `url` (watching `container`, if given), print the
+    verdict and the kernels it compiled at start-up, and exit with the verdict's code."""
     client = None
     if container:
         client = docker_client.connect()
@@ -84,6 +92,7 @@ def wait_and_report(args, url: str, container: str | None, expect: dict, deadlin
         poll_s=args.poll,
         stall_s=args.stall_s,
         api_key=read_api_key(args.api_key_file) if args.api_key_file else None,
+        engine=engines.engine(engine),
     )
     result = verdict.to_json()
     compiled = others = None
@@ -125,6 +134,7 @@ def cmd_wait_ready(args: argparse.Namespace) -> None:
     if args.image:
         validate.image_reference("--image", args.image)
     expect: dict = {}
+    engine = args.engine
     params = tuple(key_values("--set", args.set))
     profile, image = args.profile, args.image
     if not (profile or image) and args.container:
@@ -138,6 +148,11 @@ def cmd_wait_ready(args: argparse.Namespace) -> None:
         else:
             source = load_target(resolve_data_dir(args.data_dir), args.target).file
         recipe = launch.resolve(source, profile, "-", launch.Overrides(params=params))
+        if engine and engine != recipe.engine:
+            raise BuilderError(
+                f"--engine {engine}: profile {recipe.profile} starts a {recipe.engine} server"
+            )
+        engine = recipe.engine
         expect = dict(recipe.expect)
         if deadline_s is None:
             deadline_s = recipe.ready_deadline_minutes * 60
@@ -147,7 +162,7 @@ def cmd_wait_ready(args: argparse.Namespace) -> None:
             raise BuilderError(f"--expect {item}: expected KEY=VALUE")
         expect[key] = value
     deadline = DEADLINE_MINUTES * 60 if deadline_s is None else deadline_s
-    wait_and_report(args, args.url, args.container, expect, deadline)
+    wait_and_report(args, args.url, args.container, expect, deadline, engine or engines.DEFAULT)
 
 
 def launched_with(container_name: str, params: tuple) -> tuple[str | None, str | None, tuple]:
@@ -174,6 +189,10 @@ def register(sub) -> None:
         help="wait until a server is ready; tell 'still loading' from 'crashed'",
         description="Wait in stages: port open, /health 200 (503 = still starting), "
         "/health_generate 200 (a real generation), /server_info shows the expected backends. "
+        'A vLLM server (a profile of an engine = "vllm" target, or --engine vllm) listens '
+        "only once loaded, then answers /health, /v1/models and a one-token completion; what "
+        "it serves is read from /v1/models, /version, /metrics and, with --container, its "
+        "start-up log. "
         "With --container, a crash is the container exiting, restarting or being removed "
         "(exit code and log tail shown), no new log line for --stall-minutes is a stalled "
         "start, and the kernels the server compiled at start-up are named (FlashInfer, "
@@ -183,7 +202,9 @@ def register(sub) -> None:
         "5 up but with other backends than expected, 6 stalled, 9 no Docker daemon.\n\n"
         "examples:\n"
         "  builder wait-ready http://127.0.0.1:30000 --container sglang-glm5   # as launched\n"
-        "  builder wait-ready http://127.0.0.1:30000 --image $IMAGE --profile glm5-nvfp4-tp8",
+        "  builder wait-ready http://127.0.0.1:30000 --image $IMAGE --profile glm5-nvfp4-tp8\n"
+        "  builder wait-ready http://127.0.0.1:8000 --target sm120-vllm --profile glm5-nvfp4-tp8 "
+        "--container vllm-glm5",
         formatter_class=HelpFormatter,
     )
     wait.add_argument("url", help="server base URL, e.g. http://127.0.0.1:30000")
@@ -192,6 +213,11 @@ def register(sub) -> None:
     )
     add_wait_options(wait, poll_default="2")
     wait.add_argument("--profile", help="take the expected backends and deadline from a profile")
+    wait.add_argument(
+        "--engine",
+        choices=engines.NAMES,
+        help="the server's engine, when no profile says it (default: sglang)",
+    )
     wait.add_argument(
         "--set",
         action="append",

@@ -1,0 +1,175 @@
+"""The GPU VM's commands against a vLLM server: target sm120-vllm's profiles, a stand-in
+`vllm serve` (tests/standin_vllm.py: no GPU exists here) inside a real container on the real
+engine, given the very arguments the profile renders.
+
+vLLM's port stays closed while it loads (no 503 stage as sglang's), it has no /server_info,
+and what it runs is in its start-up log: wait-ready must read each of these as vLLM says
+them, and hold the profile's promises (attention, MoE and linear backends, TP size, KV
+dtype, speculative config) to them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from docker.errors import NotFound
+
+from builder.spec import launch
+from builder.spec.engines import vllm
+from tests.conftest import REPO_ROOT, Builder
+from tests.services import free_port
+
+pytestmark = pytest.mark.docker
+
+STANDIN = Path(__file__).resolve().parents[1] / "standin_vllm.py"
+TARGET = REPO_ROOT / "images" / "sm120-vllm" / "target.toml"
+
+
+def rendered_args(profile: str) -> tuple[str, ...]:
+    known = launch.Profiles.of(TARGET)
+    return launch.resolve(known, profile, "-", launch.Overrides()).args
+
+
+@pytest.fixture
+def vllm_standin(docker_client, test_base):
+    started = []
+
+    def start(profile: str, **env: str) -> tuple[str, str]:
+        port = free_port()
+        name = f"standin-vllm-{uuid.uuid4().hex[:8]}"
+        docker_client.containers.run(
+            test_base,
+            ["python3", "/standin_vllm.py", str(port), *rendered_args(profile)],
+            name=name,
+            detach=True,
+            network_mode="host",
+            environment=env,
+            volumes={str(STANDIN): {"bind": "/standin_vllm.py", "mode": "ro"}},
+        )
+        started.append(name)
+        return f"http://127.0.0.1:{port}", name
+
+    yield start
+    for name in started:
+        with contextlib.suppress(NotFound):
+            docker_client.containers.get(name).remove(force=True)
+
+
+def wait(builder: Builder, docker_host: str, url: str, *args: str):
+    return builder.run(
+        "wait-ready", url, "--poll", "0.3", "--json", "--target", "sm120-vllm", *args,
+        env={"DOCKER_HOST": docker_host}, check=False,
+    )  # fmt: skip
+
+
+def test_loading_with_the_port_closed_then_ready_with_the_profile_backends(
+    builder, docker_host, vllm_standin
+) -> None:
+    url, name = vllm_standin("glm5-nvfp4-tp8", STARTUP_SECONDS="6")
+    result = wait(builder, docker_host, url, "--container", name, "--profile", "glm5-nvfp4-tp8")
+    verdict = json.loads(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert verdict["state"] == "ready" and verdict["stage"] == "identity"
+    assert "backends match" in verdict["message"] and "not checked" not in verdict["message"]
+    served = verdict["server_info"]
+    assert served["attention_backend"] == "FLASHINFER_MLA_SPARSE_SM120"
+    assert (served["moe_backend"], served["linear_backend"]) == ("b12x", "b12x")
+    assert served["tensor_parallel_size"] == "8" and served["kv_cache_dtype"] == "fp8"
+    assert served["model"] == "lukealonso/GLM-5-NVFP4" and served["version"] == "0.34.0"
+    assert served["cache_dtype"] == "fp8"  # vllm:cache_config_info on /metrics
+
+
+def test_another_attention_backend_than_asked_is_a_mismatch(
+    builder, docker_host, vllm_standin
+) -> None:
+    url, name = vllm_standin("glm5-nvfp4-tp8", STARTUP_SECONDS="1", ATTENTION_LOGGED="TRITON_MLA")
+    result = wait(builder, docker_host, url, "--container", name, "--profile", "glm5-nvfp4-tp8")
+    verdict = json.loads(result.stdout)
+    assert result.returncode == 5, result.stdout + result.stderr
+    assert (
+        "attention_backend=TRITON_MLA (asked for FLASHINFER_MLA_SPARSE_SM120)" in verdict["message"]
+    )
+
+
+def test_without_a_container_the_log_only_keys_are_said_unchecked(
+    builder, docker_host, vllm_standin
+) -> None:
+    url, _ = vllm_standin("glm5-nvfp4-tp8-mtp", STARTUP_SECONDS="1")
+    result = wait(builder, docker_host, url, "--profile", "glm5-nvfp4-tp8-mtp", "--deadline", "1")
+    verdict = json.loads(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    message = verdict["message"]
+    assert "not checked without --container" in message
+    for key in ("attention_backend", "moe_backend", "speculative_method", "tensor_parallel_size"):
+        assert key in message
+    assert verdict["server_info"]["model"] == "festr2/GLM-5-NVFP4-MTP"  # /v1/models, checked
+
+
+def test_the_wrong_model_on_v1_models_is_a_mismatch_without_a_container(
+    builder, docker_host, vllm_standin
+) -> None:
+    url, _ = vllm_standin("glm5-nvfp4-tp8", STARTUP_SECONDS="1")
+    result = wait(builder, docker_host, url, "--profile", "glm52-nvfp4-tp8", "--deadline", "1")
+    assert result.returncode == 5, result.stdout + result.stderr
+    assert (
+        "model=lukealonso/GLM-5-NVFP4 (asked for lukealonso/GLM-5.2-NVFP4)"
+        in json.loads(result.stdout)["message"]
+    )
+
+
+def test_a_crash_while_the_port_is_closed_is_crashed(builder, docker_host, vllm_standin) -> None:
+    url, name = vllm_standin(
+        "glm5-nvfp4-tp8", STARTUP_SECONDS="60", DIE_AFTER_SECONDS="2", EXIT_CODE="3"
+    )
+    result = wait(
+        builder, docker_host, url, "--container", name, "--deadline", "1", "--engine", "vllm"
+    )
+    verdict = json.loads(result.stdout)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert verdict["state"] == "crashed" and verdict["stage"] == "port"
+    assert "simulated fatal error" in verdict["log_tail"]
+
+
+def test_an_api_key_guards_v1_and_the_key_file_opens_it(
+    builder, docker_host, vllm_standin, tmp_path
+) -> None:
+    url, _ = vllm_standin("glm5-nvfp4-tp8", STARTUP_SECONDS="1", VLLM_API_KEY="s3cret-key")
+    refused = wait(builder, docker_host, url, "--engine", "vllm", "--deadline", "1")
+    assert refused.returncode == 5, refused.stdout + refused.stderr
+    assert "refuses /v1/models (401)" in json.loads(refused.stdout)["message"]
+    key = tmp_path / "key"
+    key.write_text("s3cret-key\n")
+    ok = wait(builder, docker_host, url, "--engine", "vllm", "--api-key-file", str(key))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "s3cret-key" not in ok.stdout + ok.stderr
+
+
+def test_engine_flag_that_contradicts_the_profile_is_refused(builder) -> None:
+    result = builder.run(
+        "wait-ready", "http://127.0.0.1:9", "--target", "sm120-vllm",
+        "--profile", "glm5-nvfp4-tp8", "--engine", "sglang", check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "--engine sglang: profile glm5-nvfp4-tp8 starts a vllm server" in result.stderr
+
+
+def test_the_stand_in_logs_what_vllm_0_34_logs() -> None:
+    """The config line the stand-in writes is read by the same parser that reads vLLM's:
+    VllmConfig.__str__'s field order (config/vllm.py:2890-2923), checked by hand there."""
+    text = (
+        "INFO Initializing a V1 LLM engine (v0.34.0) with config: model='m', "
+        "speculative_config=SpeculativeConfig(method='mtp', model=None, num_spec_tokens=3), "
+        "revision=abc, tensor_parallel_size=8, kv_cache_dtype=fp8, "
+        "kernel_config=KernelConfig(moe_backend='b12x', linear_backend='auto')\n"
+        "INFO Using AttentionBackendEnum.FLASHINFER_MLA_SPARSE_SM120 backend.\n"
+        "INFO Using B12X NvFp4 MoE backend out of potential backends: ['B12X'].\n"
+    )
+    found = vllm.log_settings(text)
+    assert found["speculative_method"] == "mtp" and found["num_speculative_tokens"] == "3"
+    assert found["moe_backend"] == "b12x" and found["linear_backend"] == "auto"
+    assert found["attention_backend"] == "FLASHINFER_MLA_SPARSE_SM120"
+    assert found["moe_backend_selected"] == "b12x" and found["revision"] == "abc"
