@@ -137,7 +137,7 @@ def plan(
     previous = {} if exists else _existing_keys(client, target)
     return ImagePlan(
         **vars(inputs),
-        rebuild=rebuild_reasons(inputs.stage_keys, exists, previous),
+        rebuild=rebuild_reasons(inputs.stage_keys, exists, previous, target.engine),
         exists=exists,
         base_id=base_id,
         base_digest=base_digest,

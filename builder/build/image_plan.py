@@ -237,7 +237,7 @@ def hashed_inputs(
     server_key = content_key(
         {
             "flashinfer": flashinfer_key,
-            "wheel": wheels["sglang"].sha256,
+            "wheel": wheels[target.engine].sha256,
             "profiles": [profiles.profiles, profiles.default],
         }
     )
@@ -254,9 +254,9 @@ def hashed_inputs(
     )
     inputs_hash = content_key({"stages": stage_keys, "builder": builder_code})
 
-    sglang_version = wheels["sglang"].version.split("+")[0]
+    server_version = wheels[target.engine].version.split("+")[0]
     fi_version = wheels["flashinfer"].version.split("+")[0]
-    tag = f"sglang{sglang_version}-fi{fi_version}-{target.name}-{inputs_hash[:12]}"
+    tag = f"{target.engine}{server_version}-fi{fi_version}-{target.name}-{inputs_hash[:12]}"
     labels = _labels(target, forks, wheels, options, jit_modules, stage_keys, inputs_hash)
     buildargs = {
         "BASE_IMAGE": options.base_image,
@@ -284,7 +284,7 @@ def hashed_inputs(
 
 
 def rebuild_reasons(
-    stage_keys: dict[str, str], exists: bool, previous: dict[str, set[str]]
+    stage_keys: dict[str, str], exists: bool, previous: dict[str, set[str]], engine: str
 ) -> dict[str, str]:
     """Per stage, why it rebuilds ("" = cached): none when this very image exists; else a
     stage whose key an earlier image carries is cached, and every stage after the first that
@@ -294,7 +294,7 @@ def rebuild_reasons(
     reasons = {
         "runtime": "base image, Dockerfile folder, requirements or package index changed",
         "flashinfer": "flashinfer wheel, JIT modules, kernel packs or arch changed",
-        "server": "sglang wheel or launch profiles changed",
+        "server": f"{engine} wheel or launch profiles changed",
     }
     for stage in STAGES:
         if exists:
@@ -318,12 +318,12 @@ def _labels(
     stage_keys: dict[str, str],
     inputs_hash: str,
 ) -> dict[str, str]:
-    sglang = forks["sglang"]
+    server = forks[target.engine]
     labels = {
-        "org.opencontainers.image.source": redact(target.upstreams["sglang"].fork.url),
-        "org.opencontainers.image.revision": sglang.fork_commit,
-        "org.opencontainers.image.version": wheels["sglang"].version,
-        "org.opencontainers.image.title": f"sglang {target.name}",
+        "org.opencontainers.image.source": redact(target.upstreams[target.engine].fork.url),
+        "org.opencontainers.image.revision": server.fork_commit,
+        "org.opencontainers.image.version": wheels[target.engine].version,
+        "org.opencontainers.image.title": f"{target.engine} {target.name}",
         "org.opencontainers.image.description": target.description,
         f"{LABEL_PREFIX}builder-version": __version__,
         f"{LABEL_PREFIX}target": target.name,
@@ -348,10 +348,20 @@ def _labels(
 
 
 def recipe_files(target: Target) -> list[Path]:
-    """What goes from the Dockerfile's folder into the context: not the target's data files,
-    so editing a launch profile does not change the image."""
+    """What goes from the Dockerfile's folder into the context, and the target's
+    `context_files` from elsewhere: not the target's data files, so editing a launch profile
+    does not change the image. A name in both is refused: one file of that name goes in."""
     folder = target.image.dockerfile.parent
     data = {target.image.lock.name}  # installed as requirements-runtime.txt
-    return sorted(
+    own = [
         p for p in folder.iterdir() if p.is_file() and p.suffix != ".toml" and p.name not in data
-    )
+    ]
+    names = {p.name for p in own}
+    for shared in target.image.context_files:
+        if shared.name in names:
+            raise BuilderError(
+                f"{target.file}: field 'image.context_files' names {shared.name}, which "
+                f"{folder} has too: one file of a name goes into the context"
+            )
+        names.add(shared.name)
+    return sorted([*own, *target.image.context_files], key=lambda p: (p.name, str(p)))

@@ -63,3 +63,36 @@ def test_a_clean_path_outside_the_source_export_is_refused(tmp_path: Path, path:
     pin.write_text(pin.read_text().replace('clean = ["build",', f'clean = ["{path}", "build",'))
     with pytest.raises(BuilderError, match=rf"field 'build.clean' is '{re.escape(path)}'"):
         load_target(tmp_path, "sm120")
+
+
+def test_sm120_vllm_serves_with_vllm_and_takes_sm120s_shared_image_files() -> None:
+    from builder.build.image_plan import recipe_files
+
+    target = load_target(REPO_ROOT, "sm120-vllm")
+    assert target.engine == "vllm" and load_target(REPO_ROOT, "sm120").engine == "sglang"
+    assert target.upstreams["vllm"].fork.release.stable_abi  # cp38-abi3, installed on 3.12
+    files = {p.name: p.parent.name for p in recipe_files(target)}
+    assert files["entrypoint.py"] == "sm120-vllm"  # its own: `vllm serve`
+    assert files["jit_warmup.py"] == files["healthcheck.py"] == "sm120"  # one copy each
+    assert "profiles.toml" not in files and "target.toml" not in files
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ('engine = "vllm"', 'engine = "tgi"', "field 'engine' is 'tgi', expected one of sglang, vllm"),
+        ('engine = "vllm"', 'engine = "sglang"', "field 'engine' is 'sglang', but [upstreams] has no 'sglang'"),
+        ('python = "3.12"', 'python = "3.7"', "a cp38 wheel, but the image runs Python 3.7"),
+        ('"../sm120/healthcheck.py"]', '"../sm120/nothing.py"]', "names ../sm120/nothing.py, which is no file"),
+        ('"../sm120/healthcheck.py"]', '"../sm120/entrypoint.py"]', "names entrypoint.py, which"),
+    ],
+)  # fmt: skip
+def test_a_bad_engine_python_or_context_file_is_one_line(tmp_path: Path, old, new, message) -> None:
+    from builder.build.image_plan import recipe_files
+
+    data = _copy(tmp_path)
+    toml = data / "images/sm120-vllm/target.toml"
+    assert old in toml.read_text()
+    toml.write_text(toml.read_text().replace(old, new))
+    with pytest.raises(BuilderError, match=re.escape(message)):
+        recipe_files(load_target(data, "sm120-vllm"))
