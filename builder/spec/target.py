@@ -493,12 +493,11 @@ def load_target(data_dir: Path, name: str) -> Target:
     dockerfile = (path.parent / image.get("dockerfile", str, "Dockerfile")).resolve()
     if not dockerfile.is_file():
         raise image.fail("dockerfile", f"points at {dockerfile}, which does not exist")
-    context_files = tuple(
-        (path.parent / name).resolve() for name in image.strings("context_files", [])
-    )
-    for name, file in zip(image.strings("context_files", []), context_files, strict=True):
+    listed = image.strings("context_files", [])
+    context_files = tuple((path.parent / listed_name).resolve() for listed_name in listed)
+    for listed_name, file in zip(listed, context_files, strict=True):
         if not file.is_file():
-            raise image.fail("context_files", f"names {name}, which is no file ({file})")
+            raise image.fail("context_files", f"names {listed_name}, which is no file ({file})")
     engine = engine_of(path)
     if engine not in upstreams:
         raise reader.fail(

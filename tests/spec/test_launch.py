@@ -809,3 +809,30 @@ def test_a_derived_rule_is_a_param_plus_a_number_or_refused(
     with pytest.raises(BuilderError) as refused:
         launch.resolve(known, "p", IMAGE, launch.Overrides(params=(("a", "4"),)))
     assert message in str(refused.value)
+
+
+def test_an_sglang_and_a_vllm_profile_of_one_name_install_side_by_side(
+    builder: Builder, tmp_path: Path
+) -> None:
+    """#57: both targets have a glm5-nvfp4-tp8; each engine's files have their own names
+    (/etc/<engine>/<profile>, <engine>-<profile>.service), and a port one holds is refused
+    to the other."""
+    _manifest(builder.data_dir / "manifests/sm120-0.5.9", pushed=True)
+    _manifest(builder.data_dir / "manifests/sm120-vllm", pushed=True)
+    root = tmp_path / "root"
+    units = root / "etc/systemd/system"
+    assert _install(builder, root).returncode == 0
+    clash = _install(builder, root, "--target", "sm120-vllm", "--port", "30000")
+    assert clash.returncode == 1
+    assert "port 30000 is already used by sglang-glm5-nvfp4-tp8.service" in clash.stderr
+    assert not (units / "vllm-glm5-nvfp4-tp8.service").exists()
+    result = _install(builder, root, "--target", "sm120-vllm")
+    assert result.returncode == 0, result.stderr
+    unit = (units / "vllm-glm5-nvfp4-tp8.service").read_text()
+    assert "WorkingDirectory=/etc/vllm/glm5-nvfp4-tp8" in unit
+    assert "--exit-code-from vllm" in unit and "Description=vllm glm5-nvfp4-tp8" in unit
+    compose = (root / "etc/vllm/glm5-nvfp4-tp8/compose.yaml").read_text()
+    assert "\n  vllm:\n" in compose and '"127.0.0.1:8000:8000"' in compose
+    assert '- "FLASHINFER_MLA_SPARSE_SM120"' in compose  # vllm serve's args, as rendered
+    assert (root / "etc/vllm/glm5-nvfp4-tp8/vllm-glm5-nvfp4-tp8.env").stat().st_mode & 0o077 == 0
+    assert (units / "sglang-glm5-nvfp4-tp8.service").exists()  # the sglang unit stays

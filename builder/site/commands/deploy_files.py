@@ -47,15 +47,15 @@ def cmd_deploy_files(args: argparse.Namespace) -> None:
     if chosen:
         deploy_chosen.check_reproduces(recipe, chosen)
     # The unit runs compose where the files are installed, wherever they are written now.
-    service_dir = deploy.service_dir(recipe.profile)
+    service_dir = deploy.service_dir(recipe.profile, recipe.engine)
     if args.install:
-        deploy.refuse_clash(root, recipe.profile, recipe.port, recipe.container_name)
+        deploy.refuse_clash(root, recipe.profile, recipe.port, recipe.container_name, recipe.engine)
         out = validate.writable_dir("--root", str(root / service_dir.lstrip("/")))
         units = validate.writable_dir("--root", str(root / deploy.SYSTEMD_DIR.lstrip("/")))
     else:
         units = out
     compose = out / "compose.yaml"
-    unit = units / deploy.unit_name(recipe.profile)
+    unit = units / deploy.unit_name(recipe.profile, recipe.engine)
     env_file = out / deploy.env_file_name(recipe)
     # Every file's text (each checks every value it holds) before the first is written:
     # a refused value leaves nothing behind.
