@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.upstream.jit_generators import check_generators
 from builder.upstream.pysource import (
     Binding,
     ClassRef,
@@ -266,3 +267,31 @@ def test_constant_expressions_are_evaluated_across_modules(tmp_path: Path) -> No
     assert ev.lookup("acme.use", "ALL") == ["D", "a", "b", "c"]
     assert _why(lambda: ev.lookup("acme.use", "FIRST")) == "f-string"
 
+
+def test_jit_generators_read_a_wheel_through_pysource(tmp_path: Path) -> None:
+    """jit_generators' reader (path -> text or None, a wheel's members) through pysource:
+    a generator re-exported by a package's __init__ is found at its definition, and a module
+    this Python cannot parse is one line naming it from the wheel's root."""
+    members = {
+        "flashinfer/__init__.py": "",
+        "flashinfer/jit/__init__.py": (
+            "try:\n    from .mla import gen_mla_module\nexcept ImportError:\n    pass\n"
+        ),
+        "flashinfer/jit/mla.py": "def gen_mla_module(dtype, head_dim=64):\n    pass\n",
+        "flashinfer/jit/broken.py": "def gen(:\n",
+    }
+    checks = check_generators(
+        [
+            "flashinfer.jit:gen_mla_module('bf16')",
+            "flashinfer.jit:gen_mla_module()",
+            "flashinfer.jit:gen_gone_module",
+        ],
+        members.get,
+    )
+    assert [(c.status, c.detail) for c in checks] == [
+        ("present", ""),
+        ("arguments", "gen_mla_module now also needs dtype"),
+        ("missing", "no gen_gone_module in flashinfer.jit"),
+    ]
+    with pytest.raises(ExtractionError, match=r"^flashinfer/jit/broken\.py: cannot be parsed"):
+        check_generators(["flashinfer.jit.broken:gen"], members.get)
