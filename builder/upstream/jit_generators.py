@@ -3,7 +3,8 @@ arguments the target lists? Read with `ast`, never imported (no torch, no CUDA n
 
 A generator is `package.module:function` or `package.module:function(args)`; it is
 present when `function` is defined in the module (or imported into it from another module
-of the package) and the listed arguments bind to its parameters as a call would.
+of the package: `builder.upstream.pysource` follows the imports) and the listed arguments
+bind to its parameters as a call would.
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ import ast
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from builder.core.errors import BuilderError
+from builder.upstream.pysource import Evaluator, SourceTree, Unresolvable
 
 # path inside the source ("flashinfer/jit/mla.py") -> its text, or None when absent
 SourceReader = Callable[[str], str | None]
-_MAX_HOPS = 4  # re-exports followed from the named module
 
 
 @dataclass(frozen=True)
@@ -43,55 +43,45 @@ def split_generator(generator: str) -> tuple[str, str, ast.Call]:
     return module, function, ast.Call(func=ast.Name(function), args=[], keywords=[])
 
 
-def _module_paths(module: str) -> tuple[str, str]:
-    base = module.replace(".", "/")
-    return f"{base}.py", f"{base}/__init__.py"
+class _ReaderFiles:
+    """Package ``top``'s files from a reader of the whole source (a wheel's members), as
+    pysource's PackageFiles: each file read once, when first asked for."""
+
+    def __init__(self, read: SourceReader, top: str):
+        self._read, self.top = read, top
+        self._texts: dict[str, str | None] = {}
+
+    def _text(self, relative: str) -> str | None:
+        if relative not in self._texts:
+            self._texts[relative] = self._read(f"{self.top}/{relative}")
+        return self._texts[relative]
+
+    def is_file(self, relative: str) -> bool:
+        return self._text(relative) is not None
+
+    def read(self, relative: str) -> str:
+        text = self._text(relative)
+        assert text is not None, relative  # pysource reads only what is_file found
+        return text
 
 
-def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
-    if not node.level:
-        return node.module or ""
-    parts = module.split(".")
-    if not is_package:
-        parts = parts[:-1]
-    parts = parts[: len(parts) - (node.level - 1)]
-    return ".".join([*parts, *([node.module] if node.module else [])])
+class _Source:
+    """One source's packages, each parsed as it is first named (flashinfer, ...)."""
 
+    def __init__(self, read: SourceReader):
+        self.read = read
+        self._packages: dict[str, Evaluator] = {}
 
-def find_function(read: SourceReader, module: str, name: str) -> ast.FunctionDef | None:
-    """`name`'s definition in `module`, following `from .x import name` re-exports."""
-    for _ in range(_MAX_HOPS):
-        text, is_package = None, False
-        for path in _module_paths(module):
-            text = read(path)
-            if text is not None:
-                is_package = path.endswith("__init__.py")
-                break
-        if text is None:
-            return None
+    def function(self, module: str, name: str) -> ast.FunctionDef | None:
+        """`name`'s definition in `module`, following imports and re-exports (None when the
+        module or the function is not in the source)."""
+        top = module.split(".")[0]
+        if top not in self._packages:
+            self._packages[top] = Evaluator(SourceTree(_ReaderFiles(self.read, top), top))
         try:
-            tree = ast.parse(text)
-        except (SyntaxError, ValueError) as exc:  # a release in newer Python than this one
-            raise BuilderError(f"{path}: cannot be read by this Python ({exc})") from None
-        except (RecursionError, MemoryError):  # the parser's answer to deep nesting
-            raise BuilderError(f"{path}: nested too deeply to parse") from None
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
-                return node  # type: ignore[return-value]
-        imported = next(
-            (
-                (_absolute(module, is_package, node), alias.name)
-                for node in ast.walk(tree)
-                if isinstance(node, ast.ImportFrom)
-                for alias in node.names
-                if (alias.asname or alias.name) == name
-            ),
-            None,
-        )
-        if imported is None:
+            return self._packages[top].find_function(module, name).node
+        except Unresolvable:
             return None
-        module, name = imported
-    return None
 
 
 def binding_problem(function: ast.FunctionDef, call: ast.Call) -> str:
@@ -122,9 +112,10 @@ def binding_problem(function: ast.FunctionDef, call: ast.Call) -> str:
 def check_generators(generators: Iterable[str], read: SourceReader) -> list[GeneratorCheck]:
     """Each generator against the source `read` gives."""
     checks = []
+    source = _Source(read)
     for generator in generators:
         module, name, call = split_generator(generator)
-        function = find_function(read, module, name)
+        function = source.function(module, name)
         if function is None:
             checks.append(GeneratorCheck(generator, "missing", f"no {name} in {module}"))
             continue

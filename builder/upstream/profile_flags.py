@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.spec import launch
-from builder.upstream.sglang_parser import Flag
+from builder.upstream.argparse_flags import Flag
 
 _IMAGE = "image@sha256:" + "0" * 64  # a recipe needs an image; the flags do not depend on it
 
