@@ -119,6 +119,12 @@ class Report:
 
 def release_upstream(target: Target) -> tuple[Fork, str]:
     """The target's sglang: (its fork, its series); it must be release-sourced."""
+    if target.engine != SGLANG:
+        raise BuilderError(
+            f"{target.file}: upstream check follows sglang's releases; target {target.name} "
+            f"serves with {target.engine}, whose releases it does not follow yet "
+            "(its flags are checked against the pinned release by the test suite)"
+        )
     use = target.upstreams.get(SGLANG)
     if use is None or use.fork.release is None:
         raise BuilderError(

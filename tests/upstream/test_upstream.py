@@ -403,6 +403,8 @@ def test_listed_generators_are_checked_against_flashinfer_s_source(tmp_path: Pat
     [
         (("--target", "sm120-0.5.9"),
          "sm120-0.5.9/target.toml: upstream check follows a release-sourced sglang pin"),
+        (("--target", "sm120-vllm"),
+         "target sm120-vllm serves with vllm, whose releases it does not follow yet"),
         (("--to", "vllm==0.9"), "--to vllm==0.9: expected sglang==VERSION"),
         (("--to", "sglang==next"), "--to sglang==next: 'next' is not a version"),
     ],
