@@ -27,7 +27,6 @@ from builder.core.errors import EXIT_CODES, BuilderError
 from builder.spec import engines
 from builder.spec.engines import Engine
 
-STAGES = engines.engine(engines.DEFAULT).stages  # sglang's, which --help describes
 LOG_LINES = 20_000  # of a watched container's log, read for what the engine says it runs
 
 
