@@ -18,6 +18,7 @@ from pathlib import Path
 from builder.core.errors import BuilderError
 from builder.core.identity import builder_identity
 from builder.site import gates as gate_list
+from builder.spec import engines
 
 CHOSEN_SCHEMA = "builder-qualify-chosen/2"
 # Read back by --compare (the receipts' order); deploy-files refuses it: it does not record
@@ -27,11 +28,25 @@ CHOSEN_FILE = "chosen.json"
 
 
 def profile_names(text: str) -> list[str]:
-    """--sweep's list: profile names, each once."""
+    """--sweep's list: profile names, each once; `ENGINE/PROFILE` names a profile of the
+    image that serves with ENGINE (`vllm/glm5-nvfp4-tp8`), for a sweep across engines."""
     names = [part.strip() for part in text.split(",") if part.strip()]
     if not names or len(set(names)) != len(names):
         raise BuilderError(f"--sweep {text!r}: expected profile names, each once, e.g. a,b")
+    for name in names:
+        engine, slash, _ = name.rpartition("/")
+        if slash and engine not in engines.NAMES:
+            raise BuilderError(
+                f"--sweep {name}: {engine!r} is not an engine ({', '.join(engines.NAMES)}); "
+                "write ENGINE/PROFILE"
+            )
     return names
+
+
+def split_entry(entry: str) -> tuple[str | None, str]:
+    """(engine or None, profile) of a --sweep entry."""
+    engine, slash, profile = entry.rpartition("/")
+    return (engine if slash else None), profile
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,11 @@ class Swept:
     profile: str
     receipt: dict
     path: str  # the receipt, relative to the sweep's folder
+    label: str = ""  # the --sweep entry, where it is not the profile (ENGINE/PROFILE)
+
+    @property
+    def entry(self) -> str:
+        return self.label or self.profile
 
 
 def standing(receipt: dict, allow_partial: bool = False) -> tuple[bool, str | None, str | None]:
@@ -93,6 +113,8 @@ def _choice(swept: Swept, concurrency: int, figure: float, ties: list[str]) -> d
     server = swept.receipt["server"]
     return {
         "concurrency": concurrency,
+        "entry": swept.entry,
+        "engine": server.get("engine") or engines.DEFAULT,
         "profile": swept.profile,
         "output_throughput": figure,
         "receipt": swept.path,
@@ -112,28 +134,30 @@ def choose(
 ) -> dict:
     """chosen.json: the choice at `choose_at`, the choice per level, and every profile with
     where it fell."""
-    stands = {s.profile: standing(s.receipt, allow_partial) for s in swept}
+    stands = {s.entry: standing(s.receipt, allow_partial) for s in swept}
     per_level = []
     for concurrency in levels:
         ranked = [
             (s, figure)
             for s in swept
-            if stands[s.profile][0] and (figure := level_figure(s.receipt, concurrency)) is not None
+            if stands[s.entry][0] and (figure := level_figure(s.receipt, concurrency)) is not None
         ]
         ranked.sort(key=lambda pair: -pair[1])  # stable: equal figures keep the --sweep order
         if not ranked:
             per_level.append({"concurrency": concurrency, "profile": None})
             continue
         best, figure = ranked[0]
-        ties = [s.profile for s, other in ranked[1:] if other == figure]
+        ties = [s.entry for s, other in ranked[1:] if other == figure]
         per_level.append(_choice(best, concurrency, figure, ties))
     chosen = next((c for c in per_level if c["concurrency"] == choose_at), None)
     profiles = []
     for s in swept:
-        ok, fell, why = stands[s.profile]
+        ok, fell, why = stands[s.entry]
         attempts = (s.receipt.get("startup") or {}).get("attempts") or []
         profiles.append({
-            "profile": s.profile, "receipt": s.path, "stands": ok, "fell_at": fell, "why": why,
+            "profile": s.profile, "entry": s.entry, "receipt": s.path, "stands": ok,
+            "fell_at": fell, "why": why,
+            "engine": s.receipt["server"].get("engine") or engines.DEFAULT,
             "params": s.receipt["server"].get("params") or [],
             "fallback_used": bool(attempts), "partial": is_partial(s.receipt),
         })  # fmt: skip
@@ -156,21 +180,27 @@ def table(doc: dict, swept: list[Swept]) -> list[list[str]]:
     """The verdict as rows: a profile a row, its output tok/s per level (`*`: chosen
     there), and where it fell."""
     levels = [c["concurrency"] for c in doc["levels"]]
-    chosen_at = {(c["profile"], c["concurrency"]) for c in doc["levels"] if c["profile"]}
+    chosen_at = {(_entry(c), c["concurrency"]) for c in doc["levels"] if c["profile"]}
     rows = [["profile", "verdict", *(f"c={level}" for level in levels)]]
-    by_name = {s.profile: s for s in swept}
+    by_name = {s.entry: s for s in swept}
     for entry in doc["profiles"]:
-        receipt = by_name[entry["profile"]].receipt
+        receipt = by_name[_entry(entry)].receipt
         verdict = said(entry["stands"], entry["fell_at"], entry["why"], entry["partial"])
         if entry["fallback_used"]:
             verdict += " (on its fallback)"
         cells = []
         for level in levels:
             figure = level_figure(receipt, level)
-            mark = "*" if (entry["profile"], level) in chosen_at else ""
+            mark = "*" if (_entry(entry), level) in chosen_at else ""
             cells.append("-" if figure is None else f"{figure:g}{mark}")
-        rows.append([entry["profile"], verdict[:70], *cells])
+        rows.append([_entry(entry), verdict[:70], *cells])
     return rows
+
+
+def _entry(choice: dict) -> str:
+    """The --sweep entry a choice or profile row names (its profile, in a file written
+    before sweeps across engines)."""
+    return choice.get("entry") or choice["profile"]
 
 
 def said(stands: bool, fell_at: str | None, why: str | None, partial: bool) -> str:
@@ -189,7 +219,7 @@ def summary(doc: dict) -> str:
     if not chosen:
         return f"no profile stands at concurrency {doc['choose_at']}: nothing chosen"
     return (
-        f"chosen at concurrency {chosen['concurrency']}: {chosen['profile']} "
+        f"chosen at concurrency {chosen['concurrency']}: {_entry(chosen)} "
         f"({chosen['output_throughput']:g} output tok/s)"
     )
 

@@ -216,6 +216,10 @@ def command_part(line: str) -> str:
     return line
 
 
+# The docs' sweeps across engines name ENGINE/PROFILE: each engine's current target.
+ENGINE_TARGETS = {"sglang": "sm120", "vllm": "sm120-vllm"}
+
+
 def check_example(line: str) -> str | None:
     """None when the line parses with builder's own parser, its --image is an image
     reference, and (launch, deploy-files, qualify --start/--sweep; wait-ready and qualify
@@ -230,6 +234,7 @@ def check_example(line: str) -> str | None:
     from builder.core.errors import BuilderError
     from builder.site.commands.launch_options import key_values
     from builder.site.commands.qualify_sweep import sets_for
+    from builder.site.sweep import split_entry
     from builder.spec import launch
     from builder.spec.target import load_target
 
@@ -262,6 +267,12 @@ def check_example(line: str) -> str | None:
     try:
         for name in names:  # a sweep's PROFILE:KEY=VALUE for that profile alone
             sets = sets_for(args.set, name) if getattr(args, "sweep", None) else args.set
+            engine, profile = split_entry(name) if name else (None, name)  # ENGINE/PROFILE
+            profiles = known
+            if engine is not None:
+                profiles = launch.Profiles.of(
+                    REPO_ROOT / "images" / ENGINE_TARGETS[engine] / "target.toml"
+                )
             overrides = launch.Overrides(
                 model=getattr(args, "model", None), port=getattr(args, "port", None),
                 params=tuple(key_values("--set", sets)),
@@ -270,7 +281,7 @@ def check_example(line: str) -> str | None:
                 container_name=getattr(args, "name", None),
                 bind=getattr(args, "bind", "127.0.0.1"),
             )  # fmt: skip
-            launch.resolve(known, name, "-", overrides)
+            launch.resolve(profiles, profile, "-", overrides)
     except BuilderError as exc:
         return str(exc)
     return None

@@ -536,3 +536,71 @@ def test_a_profile_the_sweep_cannot_start_falls_and_the_others_are_still_chosen(
                           ("partial", "partial (not chosen without --allow-partial)")):  # fmt: skip
         assert f"\n{name}: {verdict}\n" in said.err
         assert table[name].startswith(f"{verdict}  "), said.out
+
+
+def test_a_sweep_across_engines_chooses_per_level_from_either_engine(tmp_path: Path) -> None:
+    """#57, on stand-in receipts: vLLM leads at c=1, sglang at c=64 (the anchors' shape).
+    Both images have a glm5-nvfp4-tp8: the entries tell them apart, chosen.json names each
+    level's engine, image and bare profile, and deploy-files reads the one at --choose-at."""
+    from builder.site.commands import deploy_chosen
+
+    launched = {"model": "lukealonso/GLM-5-NVFP4", "model_revision": "0" * 40,
+                "hf_cache": "/var/lib/sglang/huggingface", "port": 30000, "api_key_file": None,
+                "extra_args": []}  # fmt: skip
+    sglang_receipt = _receipt({1: 48.0, 64: 1425.0})
+    sglang_receipt["server"].update(profile="glm5-nvfp4-tp8", launch=launched)
+    vllm_receipt = _receipt({1: 88.0, 64: 900.0})
+    vllm_receipt["server"].update(
+        profile="glm5-nvfp4-tp8", engine="vllm", launch={**launched, "port": 8000},
+        image={"reference": "vllm:1", "id": "sha256:v", "repo_digests": ["reg/vllm@sha256:1"]},
+    )  # fmt: skip
+    swept = [
+        sweep.Swept("glm5-nvfp4-tp8", sglang_receipt, "glm5-nvfp4-tp8/receipt.json"),
+        sweep.Swept("glm5-nvfp4-tp8", vllm_receipt, "vllm/glm5-nvfp4-tp8/receipt.json",
+                    "vllm/glm5-nvfp4-tp8"),
+    ]  # fmt: skip
+    doc = sweep.choose(swept, [1, 64], choose_at=1)
+    by_level = {c["concurrency"]: c for c in doc["levels"]}
+    assert (by_level[1]["entry"], by_level[1]["engine"]) == ("vllm/glm5-nvfp4-tp8", "vllm")
+    assert by_level[1]["profile"] == "glm5-nvfp4-tp8"  # as the vLLM image's recipe names it
+    assert by_level[1]["image_ref"] == "reg/vllm@sha256:1"
+    assert (by_level[64]["entry"], by_level[64]["engine"]) == ("glm5-nvfp4-tp8", "sglang")
+    assert {p["entry"]: p["engine"] for p in doc["profiles"]} == {
+        "glm5-nvfp4-tp8": "sglang", "vllm/glm5-nvfp4-tp8": "vllm",
+    }  # fmt: skip
+    rows = sweep.table(doc, swept)
+    assert rows[1] == ["glm5-nvfp4-tp8", "ok", "48", "1425*"]
+    assert rows[2] == ["vllm/glm5-nvfp4-tp8", "ok", "88*", "900"]
+    assert sweep.summary(doc) == "chosen at concurrency 1: vllm/glm5-nvfp4-tp8 (88 output tok/s)"
+    schema = json.loads((Path(__file__).parents[2] / "manifests/chosen-v2.json").read_text())
+    jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(doc)
+    (tmp_path / "chosen.json").write_text(json.dumps(doc))
+    for one in swept:  # the receipts beside it, as the sweep leaves them
+        (tmp_path / one.path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / one.path).write_text(json.dumps(one.receipt))
+    chosen = deploy_chosen.load(tmp_path).choice
+    assert (chosen["profile"], chosen["image_ref"]) == ("glm5-nvfp4-tp8", "reg/vllm@sha256:1")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--sweep", "glm5-nvfp4-tp8,tgi/glm5-nvfp4-tp8"),
+         "--sweep tgi/glm5-nvfp4-tp8: 'tgi' is not an engine (sglang, vllm); write ENGINE/PROFILE"),
+        (("--sweep", "glm5-nvfp4-tp8,vllm/glm5-nvfp4-tp8"),
+         "sm120/profiles.toml serves with sglang; give the vllm image as --engine-image "
+         "vllm=IMAGE"),
+        (("--sweep", "glm5-nvfp4-tp8", "--engine-image", "tgi=img"),
+         "--engine-image tgi=img: expected ENGINE=IMAGE, ENGINE one of sglang, vllm"),
+        (("--url", "http://127.0.0.1:9", "--engine-image", "vllm=img"),
+         "--engine-image: only with --sweep"),
+    ],
+)  # fmt: skip
+def test_a_sweep_across_engines_refuses_what_it_cannot_run_in_one_line(
+    builder, args: tuple, message: str
+) -> None:
+    if args[0] == "--url":
+        args = (args[1], *args[2:])
+    result = builder.run("qualify", "--target", "sm120", *args, "--gsm8k", "none", check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert message in result.stderr.strip().splitlines()[-1]

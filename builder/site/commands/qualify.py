@@ -86,6 +86,10 @@ def cmd_qualify(args: argparse.Namespace) -> None:
             raise BuilderError(f"{flag} {value}: must be a whole number above 0")
     if args.image:
         validate.image_reference("--image", args.image)
+    if args.engine_image and not args.sweep:
+        raise BuilderError(
+            "--engine-image: only with --sweep (the image of ENGINE/PROFILE entries)"
+        )
     for item in args.set:
         if "=" not in item or item.startswith("="):
             raise BuilderError(f"--set {item}: expected KEY=VALUE")
@@ -281,6 +285,12 @@ examples:
     command.add_argument(
         "--image", metavar="REF",
         help="the server's image: verify it first (with --start: the image to start)",
+    )  # fmt: skip
+    command.add_argument(
+        "--engine-image", action="append", default=[], metavar="ENGINE=REF",
+        help="with --sweep: the image whose profiles the ENGINE/PROFILE entries run (a sweep "
+        "across engines: --sweep glm5-nvfp4-tp8,vllm/glm5-nvfp4-tp8 --image $SGLANG_IMAGE "
+        "--engine-image vllm=$VLLM_IMAGE)",
     )  # fmt: skip
     command.add_argument(
         "--profile", help="the launch profile it runs: its backends are checked at start-up"

@@ -19,7 +19,7 @@ from builder.site import sweep
 from builder.site.commands.launch_options import check_checkpoint, launch_overrides
 from builder.site.commands.qualify_start import profiles_for, start_and_qualify
 from builder.site.receipt_views import RECEIPT_SCHEMA, plot_compare
-from builder.spec import launch, model_check
+from builder.spec import engines, launch, model_check
 
 
 def sets_for(items: list[str], name: str) -> list[str]:
@@ -31,34 +31,69 @@ def sets_for(items: list[str], name: str) -> list[str]:
 
 
 def _with_params(args: argparse.Namespace, name: str, fallback) -> argparse.Namespace:
-    """The options for one profile's start: its name, the user's --set for it, and its
-    `fallback` params over those, taken from the profile (they never mount outside the
-    state folder)."""
+    """The options for one --sweep entry's start: its profile and image, the user's --set
+    for it, and its `fallback` params over those, taken from the profile (they never mount
+    outside the state folder)."""
+    engine, profile = sweep.split_entry(name)
     one = copy.copy(args)
-    one.profile, one.taken_params = name, tuple(fallback)
-    one.taken_from = f"profile {name}'s fallback" if fallback else ""
+    one.profile, one.taken_params = profile, tuple(fallback)
+    one.taken_from = f"profile {profile}'s fallback" if fallback else ""
     one.set = sets_for(args.set, name)
+    if engine is not None and engine in args.engine_images:
+        one.image = args.engine_images[engine]
     return one
 
 
-def prepare(args: argparse.Namespace) -> tuple[list[str], launch.Profiles]:
-    """The profiles to sweep, each resolved with the user's --set and again with its
-    fallback, and the checkpoint each would load checked, before any data is fetched or
-    server started: a typo or a checkpoint without MTP weights in the tenth profile costs
-    no GPU hour."""
+def engine_images(items: list[str]) -> dict[str, str]:
+    """--engine-image ENGINE=REF, each engine once."""
+    found: dict[str, str] = {}
+    for item in items:
+        engine, sep, reference = item.partition("=")
+        if not sep or engine not in engines.NAMES or not reference:
+            raise BuilderError(
+                f"--engine-image {item}: expected ENGINE=IMAGE, ENGINE one of "
+                f"{', '.join(engines.NAMES)}"
+            )
+        if engine in found:
+            raise BuilderError(f"--engine-image {item}: {engine} is given twice")
+        found[engine] = validate.image_reference("--engine-image", reference)
+    return found
+
+
+def _profiles_of(args: argparse.Namespace, name: str) -> launch.Profiles:
+    """The profiles an entry is read from, which must serve with the engine it names."""
+    engine, _ = sweep.split_entry(name)
+    known = profiles_for(_with_params(args, name, ()))
+    if engine is not None and known.engine != engine:
+        raise BuilderError(
+            f"--sweep {name}: {known.where} serves with {known.engine}; give the {engine} "
+            f"image as --engine-image {engine}=IMAGE"
+        )
+    return known
+
+
+def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, launch.Profiles]]:
+    """The --sweep entries and each one's profiles: every entry resolved with the user's
+    --set and again with its fallback, and the checkpoint each would load checked, before
+    any data is fetched or server started: a typo or a checkpoint without MTP weights in
+    the tenth profile costs no GPU hour."""
     names = sweep.profile_names(args.sweep)
+    args.engine_images = engine_images(args.engine_image)
     for item in args.set:
         named, _ = launch.split_profile_key(item.partition("=")[0])
         if named is not None and named not in names:
             raise BuilderError(
                 f"--set {item}: profile {named} is not in --sweep ({','.join(names)})"
             )
-    known = profiles_for(args)
+    known = {name: _profiles_of(args, name) for name in names}
     recipes = [
-        launch.resolve(known, name, "-", launch_overrides(_with_params(args, name, params)))
+        launch.resolve(
+            known[name], sweep.split_entry(name)[1], "-",
+            launch_overrides(_with_params(args, name, params)),
+        )
         for name in names
-        for params in ((), launch.fallback_params(known, name))
-    ]
+        for params in ((), launch.fallback_params(known[name], sweep.split_entry(name)[1]))
+    ]  # fmt: skip
     # Then the checkpoints, each once (a fallback seldom changes what is read of it), and
     # last the warnings: a refusal is the one line a typo gets.
     checked = set()
@@ -77,8 +112,8 @@ def _checkpoint_asked(recipe: launch.Recipe) -> tuple:
     where = f"profile '{recipe.profile}'"
     return (
         recipe.profile, recipe.model, recipe.model_revision, recipe.hf_cache,
-        model_check.index_topk_pattern(recipe.args, where),
-        model_check.draft_from_checkpoint(recipe.args),
+        model_check.index_topk_pattern(recipe.args, where, recipe.engine),
+        model_check.draft_from_checkpoint(recipe.args, recipe.engine),
     )  # fmt: skip
 
 
@@ -92,10 +127,13 @@ def _warn_unpinned(recipe: launch.Recipe) -> None:
         )
 
 
-def _qualify_one(args, name: str, known: launch.Profiles, plan, folder: Path) -> dict:
-    """One profile: started, qualified, stopped; once more on its fallback after a
+def _qualify_one(
+    args, entry: str, profiles: dict[str, launch.Profiles], plan, folder: Path
+) -> dict:
+    """One --sweep entry: started, qualified, stopped; once more on its fallback after a
     graph-capture hang (the hung start's log kept as server-graph-capture-hang.log)."""
-    checked = start_and_qualify(_with_params(args, name, ()), plan, folder)
+    checked = start_and_qualify(_with_params(args, entry, ()), plan, folder)
+    name, known = sweep.split_entry(entry)[1], profiles[entry]
     startup = checked.receipt["startup"] or {}
     if startup.get("state") != "graph-capture hang":
         return checked.receipt
@@ -119,7 +157,7 @@ def _qualify_one(args, name: str, known: launch.Profiles, plan, folder: Path) ->
             "fallback": {"params": [list(pair) for pair in fallback], "why": why},
         }
     ]  # fmt: skip
-    retry = _with_params(args, name, fallback)
+    retry = _with_params(args, entry, fallback)
     return start_and_qualify(retry, plan, folder, earlier).receipt
 
 
@@ -148,8 +186,10 @@ def run(args: argparse.Namespace, plan, out: Path, names: list[str], known) -> N
             receipt = _qualify_one(args, name, known, plan, folder)
         except BuilderError as exc:  # this profile could not start: the others still run
             progress.warn(f"{name}: {exc}")
-            receipt = _not_started(name, str(exc), folder)
-        swept.append(sweep.Swept(name, receipt, f"{name}/receipt.json"))
+            receipt = _not_started(sweep.split_entry(name)[1], str(exc), folder)
+        profile = sweep.split_entry(name)[1]
+        label = name if name != profile else ""
+        swept.append(sweep.Swept(profile, receipt, f"{name}/receipt.json", label))
         stands, fell, why = sweep.standing(receipt, args.allow_partial)
         verdict = sweep.said(stands, fell, why, sweep.is_partial(receipt))
         progress.info(escape(f"{name}: {verdict}"))
