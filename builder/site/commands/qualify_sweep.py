@@ -181,6 +181,7 @@ def run(args: argparse.Namespace, plan, out: Path, names: list[str], known) -> N
     swept = []
     for name in names:
         folder = validate.writable_dir("--out", str(out / name))
+        folder.mkdir(parents=True, exist_ok=True)  # OUT/ENGINE/PROFILE for an engine's entry
         progress.info(escape(f"sweep: profile {name} ({len(swept) + 1} of {len(names)})"))
         try:
             receipt = _qualify_one(args, name, known, plan, folder)
