@@ -243,7 +243,11 @@ def test_acceptance_is_pooled_over_the_replies() -> None:
          "spec_num_proposed_drafts": 90, "spec_accept_rate": 2 / 3},
     ]  # fmt: skip
     # (2*10 + 3*30) tokens over 40 verify steps; 70 of 120 drafts accepted.
-    assert sglang.acceptance(details) == {"replies": 2, "accept_length": 2.75, "accept_rate": 0.5833}
+    assert sglang.acceptance(details) == {
+        "replies": 2,
+        "accept_length": 2.75,
+        "accept_rate": 0.5833,
+    }
     assert sglang.acceptance([]) == {"replies": 0, "accept_length": None, "accept_rate": None}
 
 

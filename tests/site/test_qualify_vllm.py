@@ -21,8 +21,9 @@ from tests.site.test_qualify import key_file, receipt_of
 from tests.standin_sglang import write_gsm8k_questions
 
 STANDIN_BENCH = REPO_ROOT / "tests" / "standin_vllm_bench.py"
+# A minute to be ready (the profile's is 30): a server read as another engine's fails soon.
 SMALL = ["--concurrency", "1,4", "--prompts", "8", "--input-len", "64", "--output-len", "8",
-         "--prefill-lens", "512,65536", "--target", "sm120-vllm"]  # fmt: skip
+         "--prefill-lens", "512,65536", "--target", "sm120-vllm", "--deadline", "1"]  # fmt: skip
 KEY = "s3cret-vllm-qualify-key"
 VLLM = vllm.ENGINE
 
@@ -188,16 +189,22 @@ def test_a_vllm_bench_serve_that_fails_fails_qualify_at_throughput(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        # --deadline 0: without the refusal, nothing listening there is a quick exit 8.
         (["http://127.0.0.1:1", "--target", "sm120-vllm", "--profile", "glm5-nvfp4-tp8",
-          "--engine", "sglang"], "--engine sglang: profile glm5-nvfp4-tp8 starts a vllm server"),
+          "--engine", "sglang", "--deadline", "0"],
+         "--engine sglang: profile glm5-nvfp4-tp8 starts a vllm server"),
         (["--start", "--engine", "vllm"],
          "--engine: not with --start or --sweep (each profile's target names its engine)"),
     ],
 )  # fmt: skip
-def test_an_engine_that_contradicts_the_profile_is_one_line(builder, args, message) -> None:
-    result = builder.run("qualify", *args, "--gsm8k", "none", check=False)
+def test_an_engine_that_contradicts_the_profile_is_one_line(
+    builder, tmp_path, args, message
+) -> None:
+    out = tmp_path / "q"
+    result = builder.run("qualify", *args, "--gsm8k", "none", "--out", str(out), check=False)
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stderr.strip() == f"error: {message}"
+    assert not out.exists()
 
 
 def test_vllm_streams_as_its_bench_client_reads_it() -> None:
