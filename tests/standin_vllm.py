@@ -1,4 +1,5 @@
-"""A stand-in for a `vllm serve` server (no GPU exists here), run inside a real container.
+"""A stand-in for a `vllm serve` server (no GPU exists here, so no real vLLM can run), run
+inside a real container beside tests/standin_sglang.py, whose model it plays.
 
     python3 standin_vllm.py PORT [vllm serve ARGS...]
 
@@ -11,14 +12,32 @@ served name, `root` the model), /version, /metrics (`vllm:cache_config_info` and
 spec-decode counters), POST /v1/completions. The key from VLLM_API_KEY (or --api-key)
 guards /v1 only, as vLLM's does. ATTENTION_LOGGED overrides the attention backend it says
 it picked (a server that fell back to another one); DIE_AFTER_SECONDS exits with
-EXIT_CODE mid-start, like a crash.
+EXIT_CODE mid-start, like a crash. Once it listens it logs vLLM's "Starting vLLM server
+on ..." and uvicorn's "Application startup complete.", the lines qualify times ready by.
+
+For `builder qualify` it plays the sglang stand-in's model (standin_sglang.chat_answer:
+the probes' answers, products, counting prompts, GSM8K-shaped questions, needles; with
+WRONG_TEXT, NEEDLE_LIMIT and GSM8K_WRONG_FRACTION as there) through vLLM's OpenAI API:
+/v1/chat/completions (the served name only, usage's prompt_tokens at 4 characters a
+token), and /v1/completions streaming a token-id prompt one token each TOKEN_SECONDS
+(`ignore_eos`, `max_tokens`), its last chunk the usage when `stream_options.include_usage`
+asks, as vLLM streams. /v1/models says CONTEXT_LENGTH (default GLM-5's 202752). With a
+--speculative-config (method mtp, k tokens) its spec-decode counters start from earlier
+traffic (100 drafts, 300 draft tokens, 90 accepted) and grow with each reply as an MTP
+server whose drafts are accepted at SPEC_ACCEPT_RATE (default 0.62) would count them:
+over the gates, rate = SPEC_ACCEPT_RATE and mean length = 1 + k x SPEC_ACCEPT_RATE.
 """
 
 import json
+import math
 import os
+import signal
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from standin_sglang import TOKEN_SECONDS, chat_answer
 
 PORT = int(sys.argv[1])
 ARGS = sys.argv[2:]
@@ -40,6 +59,24 @@ MODEL = ARGS[0] if ARGS and not ARGS[0].startswith("-") else flag("--model", "fa
 SERVED = flag("--served-model-name", MODEL)
 API_KEY = flag("--api-key") or os.environ.get("VLLM_API_KEY")
 SPEC = json.loads(flag("--speculative-config", "null") or "null")
+CONTEXT_LENGTH = int(os.environ.get("CONTEXT_LENGTH", "202752"))
+SPEC_RATE = float(os.environ.get("SPEC_ACCEPT_RATE", "0.62"))
+# vllm:spec_decode_num_{drafts,draft_tokens,accepted_tokens}, from traffic before qualify.
+COUNTERS = {"drafts": 100.0, "draft_tokens": 300.0, "accepted_tokens": 90.0}
+COUNTING = threading.Lock()
+
+
+def count_drafts(tokens: int) -> None:
+    """What an MTP server counts for a reply of `tokens` tokens: one draft of k tokens per
+    verify step, SPEC_RATE of them accepted (each step yields 1 + k x SPEC_RATE tokens)."""
+    if not SPEC:
+        return
+    k = int(SPEC["num_speculative_tokens"])
+    steps = math.ceil(tokens / (1 + k * SPEC_RATE))
+    with COUNTING:
+        COUNTERS["drafts"] += steps
+        COUNTERS["draft_tokens"] += steps * k
+        COUNTERS["accepted_tokens"] += steps * k * SPEC_RATE
 
 
 def log(line):
@@ -102,7 +139,7 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(200, {"version": "0.34.0"})
         elif self.path == "/v1/models":
             card = {"id": SERVED, "object": "model", "created": 1, "owned_by": "vllm",
-                    "root": MODEL, "parent": None, "max_model_len": 202752, "permission": []}  # fmt: skip
+                    "root": MODEL, "parent": None, "max_model_len": CONTEXT_LENGTH, "permission": []}  # fmt: skip
             self.answer(200, {"object": "list", "data": [card]})
         elif self.path == "/metrics":
             cache = flag("--kv-cache-dtype", "auto")
@@ -112,11 +149,9 @@ class Handler(BaseHTTPRequestHandler):
                 'enable_prefix_caching="True",engine="0"} 1.0\n'
             )
             if SPEC:
-                text += (
-                    'vllm:spec_decode_num_drafts_total{engine="0"} 100.0\n'
-                    'vllm:spec_decode_num_draft_tokens_total{engine="0"} 300.0\n'
-                    'vllm:spec_decode_num_accepted_tokens_total{engine="0"} 186.0\n'
-                )
+                with COUNTING:
+                    for name, value in COUNTERS.items():
+                        text += f'vllm:spec_decode_num_{name}_total{{engine="0"}} {value}\n'
             self.answer(200, text.encode(), "text/plain")
         else:
             self.answer(404, {"detail": "Not Found"})
@@ -126,18 +161,55 @@ class Handler(BaseHTTPRequestHandler):
             return
         length = int(self.headers.get("Content-Length") or 0)
         request = json.loads(self.rfile.read(length) or b"{}")
-        if self.path != "/v1/completions":
+        if self.path not in ("/v1/completions", "/v1/chat/completions"):
             self.answer(404, {"detail": "Not Found"})
         elif request.get("model") != SERVED:
             self.answer(
                 404, {"error": {"message": f"The model `{request.get('model')}` does not exist."}}
             )
+        elif self.path == "/v1/chat/completions":
+            prompt = request["messages"][-1]["content"]
+            text = chat_answer(prompt)
+            count_drafts(max(1, len(text) // 4))
+            self.answer(200, {"object": "chat.completion", "model": SERVED,
+                              "choices": [{"index": 0, "finish_reason": "stop",
+                                           "message": {"role": "assistant", "content": text}}],
+                              "usage": {"prompt_tokens": len(prompt) // 4}})  # fmt: skip
+        elif request.get("stream"):
+            self.stream(request)
         else:
             self.answer(200, {"object": "text_completion", "model": SERVED,
                               "choices": [{"index": 0, "text": "2", "finish_reason": "length"}]})  # fmt: skip
 
+    def stream(self, request):
+        """`max_tokens` chunks of one token each (`ignore_eos`), then the usage chunk."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        tokens = int(request["max_tokens"])
+        for at in range(tokens):
+            time.sleep(TOKEN_SECONDS)
+            last = at == tokens - 1
+            choice = {"index": 0, "text": "x", "finish_reason": "length" if last else None}
+            self.event({"object": "text_completion", "model": SERVED, "choices": [choice]})
+        count_drafts(tokens)
+        if (request.get("stream_options") or {}).get("include_usage"):
+            prompt = len(request["prompt"])
+            usage = {"prompt_tokens": prompt, "completion_tokens": tokens,
+                     "total_tokens": prompt + tokens}  # fmt: skip
+            self.event(
+                {"object": "text_completion", "model": SERVED, "choices": [], "usage": usage}
+            )
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def event(self, chunk):
+        self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        self.wfile.flush()
+
 
 def main():
+    # As uvicorn does, SIGTERM ends it (as PID 1 a process without a handler ignores it).
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     log(config_line())
     started = time.monotonic()
     while time.monotonic() - started < STARTUP:
@@ -151,7 +223,11 @@ def main():
     if flag("--moe-backend"):
         log(f"Using {flag('--moe-backend').upper()} NvFp4 MoE backend.")
     log(f"Starting vLLM server on http://0.0.0.0:{PORT}")
-    ThreadingHTTPServer(("0.0.0.0", PORT), Handler).serve_forever()
+    # A listen backlog as uvicorn's (2048), not http.server's 5: 32 requests at once connect.
+    ThreadingHTTPServer.request_queue_size = 2048
+    server = ThreadingHTTPServer(("0.0.0.0", PORT), Handler)
+    print("(APIServer pid=1) INFO:     Application startup complete.", flush=True)
+    server.serve_forever()
 
 
 if __name__ == "__main__":

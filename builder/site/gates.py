@@ -7,17 +7,15 @@ comes from, and every gate in the receipt, run or not (a skipped gate says why).
   reply in the burst must be byte-identical to its prompt's reply alone (the anchors'
   C1-to-C32 oracle: a batch-dependent kernel bug changes text here).
 - gsm8k: builder/site/gsm8k.py, InferenceX's 0.94 for GLM-5.
-- mtp: for a speculative profile, the draft acceptance sglang reports, a figure recorded
-  without a pass mark (no anchor gives one for this stack).
+- mtp: for a speculative profile, the draft acceptance the engine reports (sglang: per
+  reply and since start; vLLM: its spec-decode counters over the gates), a figure
+  recorded without a pass mark (no anchor gives one for this stack).
 The probes and the long-context needle (builder/site/qualify.py) are gates of this list too.
 """
 
 from __future__ import annotations
 
-import math
 import random
-import re
-import statistics
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -181,93 +179,26 @@ def run_identical(server, model: str, seed: int) -> dict:
 # --- MTP acceptance ------------------------------------------------------------------------
 
 
-def speculative(command: Sequence[str] | None, server_info: dict) -> bool:
-    """A speculative profile: its args hold --speculative-algorithm (or the server says)."""
-    flags = [part.split("=", 1)[0] for part in command or ()]
-    return "--speculative-algorithm" in flags or bool(server_info.get("speculative_algorithm"))
+def _texts(server, paths: Sequence[str]) -> dict[str, str | None]:
+    return {path: server.text(path) for path in paths}
 
 
-def _number(value: object) -> float | None:
-    """A figure a server reported, or None for anything that is not a finite number."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return value if math.isfinite(value) else None
-
-
-def acceptance(details: Sequence[dict]) -> dict:
-    """Over the replies sglang described (tokenizer_manager.py:3138-3176): accepted length =
-    completion tokens per verify step (the bonus token counted), acceptance rate = accepted
-    drafts / proposed drafts, both pooled over the replies."""
-    details = [
-        {key: _number(value) for key, value in d.items() if key.startswith("spec_")}
-        for d in details
-        if isinstance(d, dict)
-    ]
-    steps = sum(d.get("spec_verify_ct") or 0 for d in details)
-    tokens = sum(
-        (d.get("spec_accept_length") or 0) * (d.get("spec_verify_ct") or 0) for d in details
-    )
-    proposed = sum(d.get("spec_num_proposed_drafts") or 0 for d in details)
-    accepted = sum(d.get("spec_num_correct_drafts") or 0 for d in details)
-    rates = [d["spec_accept_rate"] for d in details if d.get("spec_accept_rate") is not None]
-    return {
-        "replies": len(details),
-        "accept_length": round(tokens / steps, 3) if steps else None,
-        "accept_rate": round(accepted / proposed, 4)
-        if proposed
-        else (round(statistics.fmean(rates), 4) if rates else None),
-    }
-
-
-_GAUGE = re.compile(r"^(sglang:spec_accept_(?:length|rate))(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
-
-
-def metrics_figures(text: str | None) -> dict:
-    """sglang's gauges `sglang:spec_accept_length` and `sglang:spec_accept_rate`
-    (srt/observability/metrics_collector.py:511-522; /metrics with --enable-metrics),
-    averaged over their label sets; {} when there is none."""
-    found: dict[str, list[float]] = {}
-    for name, value in _GAUGE.findall(text or ""):
-        found.setdefault(name.removeprefix("sglang:spec_"), []).append(float(value))
-    return {name: round(statistics.fmean(values), 4) for name, values in found.items()}
-
-
-def server_accept_length(server_info: dict) -> float | None:
-    """/server_info's `internal_states[*].avg_spec_accept_length`: accepted tokens per
-    forward since the server started (scheduler_components/internal_state.py:119-125)."""
-    states = server_info.get("internal_states") or []
-    values = [
-        s["avg_spec_accept_length"]
-        for s in states
-        if isinstance(s, dict) and isinstance(s.get("avg_spec_accept_length"), int | float)
-    ]
-    return round(statistics.fmean(values), 3) if values else None
-
-
-def run_mtp(server, is_speculative: bool) -> dict:
+def run_mtp(server, is_speculative: bool, before: dict[str, str | None]) -> dict:
+    """The draft acceptance the server's engine reports (builder/spec/engines), read after
+    the gates (and, for figures that count, before them: `before`)."""
+    engine = server.engine
     if not is_speculative:
         return entry(
-            "mtp", "skipped", "-", "not a speculative profile (no --speculative-algorithm)"
+            "mtp", "skipped", "-", f"not a speculative profile (no {engine.speculative_flag})"
         )
-    try:
-        info = server.get("/server_info")
-    except QualifyError:
-        info = {}
-    figures = {
-        "per_reply": acceptance(server.spec_details or []),
-        "server_average_accept_length": server_accept_length(info),
-        "metrics": metrics_figures(server.text("/metrics")),
-    }
-    per_reply = figures["per_reply"]
-    if per_reply["accept_length"] is None and figures["server_average_accept_length"] is None:
-        why = (
-            "the server reported no acceptance (no spec_tokens_details, no avg_spec_accept_length)"
-        )
-        return entry("mtp", "recorded", "-", why, figures=figures)
-    length = per_reply["accept_length"] or figures["server_average_accept_length"]
-    rate = per_reply["accept_rate"]
-    result = f"accept length {length}" + (f", rate {rate:.1%}" if rate is not None else "")
-    return entry("mtp", "recorded", result, figures=figures)
+    found = engine.acceptance(
+        server.spec_details or [], before, _texts(server, engine.acceptance_paths)
+    )
+    if found.length is None:
+        return entry("mtp", "recorded", "-", found.missing, figures=found.figures)
+    rate = found.rate
+    result = f"accept length {found.length}" + (f", rate {rate:.1%}" if rate is not None else "")
+    return entry("mtp", "recorded", result, figures=found.figures)
 
 
 def run_all(
@@ -277,6 +208,7 @@ def run_all(
     receipt then shows every result), each HTTP failure its own gate's failure."""
     gates = []
     server.spec_details = [] if is_speculative else None
+    before = _texts(server, server.engine.acceptance_paths) if is_speculative else {}
     for name, run in (
         ("arithmetic", lambda: run_arithmetic(server, model, seed, arithmetic)),
         ("identical", lambda: run_identical(server, model, seed)),
@@ -286,7 +218,7 @@ def run_all(
             gates.append(run())
         except QualifyError as exc:
             gates.append(entry(name, "failed", "-", str(exc)))
-    gates.append(run_mtp(server, is_speculative))
+    gates.append(run_mtp(server, is_speculative, before))
     return gates
 
 

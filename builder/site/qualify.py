@@ -1,13 +1,15 @@
-"""`builder qualify`'s checks against a running sglang server: right answers, then speed.
+"""`builder qualify`'s checks against a running server: right answers, then speed.
 
 Correctness is asked at temperature 0 through the OpenAI chat API: short probes with one
 known answer (exact match after trimming case, spaces and end punctuation), then a code
 hidden in filler text at lengths past DSA's top-k (2048 tokens), where sparse attention
 first differs from dense: an FP8 KV pool read the wrong way, or an indexer that drops the
-needle, fails here. Throughput follows sglang's `bench_serving` definitions (its `sglang`
-backend with tokenized random prompts): each request streams from /generate with
-`ignore_eos`; output tok/s is the output tokens of completed requests over the level's
-wall time, TTFT the time to the first streamed token, TPOT (latency - TTFT) / (tokens - 1).
+needle, fails here. Throughput follows the engine's own client's definitions (sglang's
+`bench_serving` with its `sglang` backend and tokenized random prompts; `vllm bench
+serve`'s completions client): each request streams random token ids with `ignore_eos`
+from the engine's endpoint (sglang's /generate, vLLM's /v1/completions); output tok/s is
+the output tokens of completed requests over the level's wall time, TTFT the time to the
+first streamed token, TPOT (latency - TTFT) / (tokens - 1).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from urllib.parse import urlsplit
 
 from builder.core.http_client import NO_REDIRECTS
 from builder.core.untrusted import printable
+from builder.spec import engines
+from builder.spec.engines import Engine
 
 DSA_TOP_K = 2048  # GLM-5's sparse attention keeps this many tokens per query
 # Random prompt tokens are drawn from ids every tokenizer of this family has (GLM-5: 151k).
@@ -70,11 +74,15 @@ def normalise(text: str) -> str:
 
 class Server:
     """A server's HTTP API: bearer key if given, redirects never followed. With
-    `spec_details` a list, each chat asks for sglang's speculative-decoding figures of its
-    reply (`return_spec_tokens_details`) and adds them there."""
+    `spec_details` a list, each chat asks for the speculative-decoding figures of its
+    reply where its engine gives them (sglang's `return_spec_tokens_details`) and adds
+    them there."""
 
-    def __init__(self, url: str, api_key: str | None, timeout: float = 600) -> None:
+    def __init__(
+        self, url: str, api_key: str | None, timeout: float = 600, engine: Engine | None = None
+    ) -> None:
         self.url, self.api_key, self.timeout = url, api_key, timeout
+        self.engine = engine or engines.engine(engines.DEFAULT)
         self.spec_details: list[dict] | None = None
 
     def _headers(self) -> dict[str, str]:
@@ -91,7 +99,7 @@ class Server:
         return self._call(urllib.request.Request(self.url + path, data, self._headers()))
 
     def text(self, path: str) -> str | None:
-        """A GET's text (sglang's /metrics), or None when it does not answer 200."""
+        """A GET's text (/metrics), or None when it does not answer 200."""
         request = urllib.request.Request(self.url + path, headers=self._headers())
         try:
             with NO_REDIRECTS.open(request, timeout=60) as response:
@@ -129,7 +137,7 @@ class Server:
             "chat_template_kwargs": {"enable_thinking": False},
         }
         if self.spec_details is not None:
-            body["return_spec_tokens_details"] = True
+            body.update(self.engine.spec_reply_request)
         answer = self.post("/v1/chat/completions", body)
         try:
             text = answer["choices"][0]["message"]["content"] or ""
@@ -137,9 +145,8 @@ class Server:
             raise QualifyError("POST /v1/chat/completions: no choices in the answer") from None
         if not isinstance(text, str):
             raise QualifyError("POST /v1/chat/completions: the answer's content is not text")
-        extension = answer.get("sglext") if isinstance(answer, dict) else None
-        details = extension.get("spec_tokens_details") if isinstance(extension, dict) else None
-        if self.spec_details is not None and isinstance(details, dict):
+        details = self.engine.spec_reply(answer) if self.spec_details is not None else None
+        if self.spec_details is not None and details is not None:
             self.spec_details.append(details)  # list.append: safe from the gates' threads
         usage = answer.get("usage")
         prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else 0
@@ -255,19 +262,17 @@ class RequestResult:
     error: str = ""
 
 
-def _stream_generate(server: Server, input_ids: list[int], output_len: int) -> RequestResult:
+def _stream(server: Server, model: str, input_ids: list[int], output_len: int) -> RequestResult:
+    """One request streamed from the engine's endpoint: TTFT at the first chunk with
+    output, the tokens as the chunks count them."""
     parts = urlsplit(server.url)
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     connection = kind(parts.hostname, parts.port, timeout=server.timeout)
-    body = {
-        "input_ids": input_ids,
-        "sampling_params": {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True},
-        "stream": True,
-    }
+    path, body = server.engine.stream_request(model, input_ids, output_len)
     started = time.perf_counter()
-    ttft, tokens = 0.0, 0
+    ttft, tokens, first = 0.0, 0, False
     try:
-        connection.request("POST", "/generate", json.dumps(body), server._headers())
+        connection.request("POST", path, json.dumps(body), server._headers())
         response = connection.getresponse()
         if response.status != 200:
             return RequestResult(False, error=f"HTTP {response.status}")
@@ -275,12 +280,10 @@ def _stream_generate(server: Server, input_ids: list[int], output_len: int) -> R
             line = line.strip()
             if not line.startswith(b"data:") or line == b"data: [DONE]":
                 continue
-            chunk = json.loads(line[5:])
-            count = int((chunk.get("meta_info") or {}).get("completion_tokens") or 0)
-            if count > tokens:
-                if not tokens:
-                    ttft = time.perf_counter() - started
-                tokens = count
+            output, count = server.engine.stream_progress(json.loads(line[5:]))
+            if output and not first:
+                ttft, first = time.perf_counter() - started, True
+            tokens = max(tokens, count or 0)
         return RequestResult(tokens > 0, tokens, ttft, time.perf_counter() - started)
     except (OSError, http.client.HTTPException, ValueError, TypeError, AttributeError) as exc:
         # One request's odd answer is that request's failure, never the run's.
@@ -309,6 +312,7 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
 
 def run_level(
     server: Server,
+    model: str,
     concurrency: int,
     prompts: int,
     input_len: int,
@@ -329,7 +333,7 @@ def run_level(
         if time.monotonic() > stop_at:
             skipped.set()
             return None
-        return _stream_generate(server, input_ids, output_len)
+        return _stream(server, model, input_ids, output_len)
 
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
@@ -361,14 +365,14 @@ def run_level(
 PREFILL_PROMPTS = 4  # after one discarded warm-up request
 
 
-def run_prefill(server: Server, length: int, seed: int, seconds: float) -> dict:
+def run_prefill(server: Server, model: str, length: int, seed: int, seconds: float) -> dict:
     """Prefill at `length` tokens: one request at a time, `length` random token ids, one
     output token; its TTFT is the prefill time. A first request (other prompt) is discarded
     as warm-up; each prompt is the level's own, so none is served from the prefix cache.
     Prefill tok/s is `length` over the median TTFT."""
-    run_level(server, 1, 1, length, 1, seed, seconds, tag=f":prefill-warmup:{length}")
+    run_level(server, model, 1, 1, length, 1, seed, seconds, tag=f":prefill-warmup:{length}")
     level = run_level(
-        server, 1, PREFILL_PROMPTS, length, 1, seed, seconds, tag=f":prefill:{length}"
+        server, model, 1, PREFILL_PROMPTS, length, 1, seed, seconds, tag=f":prefill:{length}"
     )
     median = level["ttft_ms"]["p50"]
     return {

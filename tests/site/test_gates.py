@@ -24,11 +24,13 @@ import pytest
 from builder.core.errors import BuilderError, Unreachable
 from builder.site import capture, gates, gsm8k, sweep
 from builder.site.qualify import Server
+from builder.spec.engines import sglang
 from tests.conftest import REPO_ROOT
 from tests.services import free_port, wait_for
 from tests.standin_sglang import write_gsm8k_questions
 
 STANDIN = Path(__file__).parents[1] / "standin_sglang.py"
+SGLANG = sglang.ENGINE
 
 # --- arithmetic ----------------------------------------------------------------------------
 
@@ -241,29 +243,33 @@ def test_acceptance_is_pooled_over_the_replies() -> None:
          "spec_num_proposed_drafts": 90, "spec_accept_rate": 2 / 3},
     ]  # fmt: skip
     # (2*10 + 3*30) tokens over 40 verify steps; 70 of 120 drafts accepted.
-    assert gates.acceptance(details) == {"replies": 2, "accept_length": 2.75, "accept_rate": 0.5833}
-    assert gates.acceptance([]) == {"replies": 0, "accept_length": None, "accept_rate": None}
+    assert sglang.acceptance(details) == {
+        "replies": 2,
+        "accept_length": 2.75,
+        "accept_rate": 0.5833,
+    }
+    assert sglang.acceptance([]) == {"replies": 0, "accept_length": None, "accept_rate": None}
 
 
 def test_server_level_acceptance_from_server_info_and_metrics() -> None:
     info = {"internal_states": [{"avg_spec_accept_length": 2.5}, {"avg_spec_accept_length": 3.5}]}
-    assert gates.server_accept_length(info) == 3.0
-    assert gates.server_accept_length({"internal_states": [{}]}) is None
+    assert sglang.server_accept_length(info) == 3.0
+    assert sglang.server_accept_length({"internal_states": [{}]}) is None
     text = (
         "# HELP sglang:spec_accept_length Mean acceptance length\n"
         'sglang:spec_accept_length{model_name="glm",tp_rank="0"} 2.4\n'
         'sglang:spec_accept_rate{model_name="glm",tp_rank="0"} 0.61\n'
         'sglang:num_running_reqs{model_name="glm"} 3\n'
     )
-    assert gates.metrics_figures(text) == {"accept_length": 2.4, "accept_rate": 0.61}
-    assert gates.metrics_figures(None) == {}
+    assert SGLANG.acceptance_from_metrics(text) == {"accept_length": 2.4, "accept_rate": 0.61}
+    assert SGLANG.acceptance_from_metrics(None) == {}
 
 
 def test_a_profile_is_speculative_by_its_args() -> None:
-    assert gates.speculative(["--speculative-algorithm", "EAGLE"], {})
-    assert gates.speculative(["--speculative-algorithm=NEXTN"], {})
-    assert gates.speculative(None, {"speculative_algorithm": "EAGLE"})
-    assert not gates.speculative(["--tp-size", "8"], {"speculative_algorithm": None})
+    assert SGLANG.speculative(["--speculative-algorithm", "EAGLE"], {})
+    assert SGLANG.speculative(["--speculative-algorithm=NEXTN"], {})
+    assert SGLANG.speculative(None, {"speculative_algorithm": "EAGLE"})
+    assert not SGLANG.speculative(["--tp-size", "8"], {"speculative_algorithm": None})
 
 
 # --- the receipt's gate list -----------------------------------------------------------------

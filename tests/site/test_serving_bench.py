@@ -14,9 +14,11 @@ import zipfile
 import pytest
 
 from builder.site import serving_bench
+from builder.spec.engines import sglang
 from tests.conftest import REPO_ROOT
 from tests.upstreams import fetch_release_file, fetch_sdist
 
+SGLANG = sglang.ENGINE
 RELEASE = tomllib.loads((REPO_ROOT / "forks/sglang/pin.toml").read_text())["ref"]
 
 
@@ -63,11 +65,11 @@ def _options(tree: ast.Module) -> dict[str, list | None]:
 def test_every_option_builder_passes_is_bench_servings(bench) -> None:
     version, tree = bench
     options = _options(tree)
-    argv = serving_bench.command(
+    argv = SGLANG.bench_command(
         base_url="http://127.0.0.1:30000", model="m", tokenizer="t", concurrency=4, prompts=8,
         input_len=64, output_len=8, seed=1, deadline_s=60, output_file="/tmp/x.jsonl",
     )  # fmt: skip
-    passed = argv[argv.index(serving_bench.MODULE) + 1 :]
+    passed = argv[argv.index(SGLANG.bench_module) + 1 :]
     assert argv[argv.index("-m") + 1] == "sglang.bench_serving"
     for position, word in enumerate(passed):
         if word.startswith("--"):
@@ -88,7 +90,7 @@ def test_every_key_builder_reads_is_in_the_result_line(bench) -> None:
                 break
     else:
         pytest.fail(f"sglang {version}: no result dict with output_throughput")
-    assert set(serving_bench.RESULT_KEYS) <= keys, set(serving_bench.RESULT_KEYS) - keys
+    assert set(SGLANG.bench_result_keys) <= keys, set(SGLANG.bench_result_keys) - keys
     source = ast.unparse(tree)
     assert "OPENAI_API_KEY" in source  # where builder puts the server's key
 

@@ -10,53 +10,14 @@ dtype, speculative config) to them.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import uuid
-from pathlib import Path
 
 import pytest
-from docker.errors import NotFound
 
-from builder.spec import launch
 from builder.spec.engines import vllm
-from tests.conftest import REPO_ROOT, Builder
-from tests.services import free_port
+from tests.conftest import Builder
 
 pytestmark = pytest.mark.docker
-
-STANDIN = Path(__file__).resolve().parents[1] / "standin_vllm.py"
-TARGET = REPO_ROOT / "images" / "sm120-vllm" / "target.toml"
-
-
-def rendered_args(profile: str) -> tuple[str, ...]:
-    known = launch.Profiles.of(TARGET)
-    return launch.resolve(known, profile, "-", launch.Overrides()).args
-
-
-@pytest.fixture
-def vllm_standin(docker_client, test_base):
-    started = []
-
-    def start(profile: str, **env: str) -> tuple[str, str]:
-        port = free_port()
-        name = f"standin-vllm-{uuid.uuid4().hex[:8]}"
-        docker_client.containers.run(
-            test_base,
-            ["python3", "/standin_vllm.py", str(port), *rendered_args(profile)],
-            name=name,
-            detach=True,
-            network_mode="host",
-            environment=env,
-            volumes={str(STANDIN): {"bind": "/standin_vllm.py", "mode": "ro"}},
-        )
-        started.append(name)
-        return f"http://127.0.0.1:{port}", name
-
-    yield start
-    for name in started:
-        with contextlib.suppress(NotFound):
-            docker_client.containers.get(name).remove(force=True)
 
 
 def wait(builder: Builder, docker_host: str, url: str, *args: str):

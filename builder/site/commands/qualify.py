@@ -27,6 +27,7 @@ from builder.site.commands.qualify_run import (
     run_checks,
 )
 from builder.site.commands.qualify_start import start_and_qualify
+from builder.spec import engines
 
 docker_client = lazy_module("builder.core.docker_client")
 gsm8k = lazy_module("builder.site.gsm8k")
@@ -65,6 +66,10 @@ def cmd_qualify(args: argparse.Namespace) -> None:
         )
     if args.start and (args.url or args.container):
         raise BuilderError("qualify --start starts the server itself: give no URL or --container")
+    if args.engine and (args.start or args.sweep):
+        raise BuilderError(
+            "--engine: not with --start or --sweep (each profile's target names its engine)"
+        )
     if not (args.url or args.start or args.sweep):
         raise BuilderError(
             "qualify: give the server URL (http://HOST:PORT), --start to launch one, "
@@ -224,11 +229,12 @@ order, stopping at the first hard failure with one line that names it:
               top-k of 2048 tokens); --arithmetic two-digit products from --seed; the
               same prompts alone and 32 at once, byte-identical; GSM8K 5-shot strict
               match >= 0.94 (--gsm8k); MTP acceptance recorded for a speculative profile
-  throughput  random prompts from --seed at each --concurrency, measured by sglang's
-              own bench_serving inside the server's container (builder's client, same
-              definitions, where it cannot run): output tok/s, req/s, TTFT and TPOT
-              p50/p99; the GPUs' power, SM clock, utilisation and memory sampled with
-              NVML meanwhile; then prefill at each --prefill-lens (TTFT of one request)
+  throughput  random prompts from --seed at each --concurrency, measured by the engine's
+              own client inside the server's container (sglang's bench_serving, vllm
+              bench serve; builder's client, same definitions, where it cannot run):
+              output tok/s, req/s, TTFT and TPOT p50/p99; the GPUs' power, SM clock,
+              utilisation and memory sampled with NVML meanwhile; then prefill at each
+              --prefill-lens (TTFT of one request)
 The receipt (receipt.json, and receipt.png when matplotlib is installed) goes to --out;
 --push-receipt also stores it beside the image in its registry, for verify and launch.
 --sweep P1,P2 resolves every profile (--set KEY=VALUE for all, --set P1:KEY=VALUE for one)
@@ -241,6 +247,8 @@ a builder image), the profile's backends (--profile, or launch's labels on the c
 and throughput all ran and passed; with one of them left out it is `partial`, naming each
 and why, and exits 8 unless --allow-partial (a sweep: such a profile stands only with
 --allow-partial).
+A vLLM server (a profile of an engine = "vllm" target, or --engine vllm) is asked the same
+gates; its MTP figure comes from its /metrics spec-decode counters.
 Exit codes: 0 qualified (or partial with --allow-partial; a sweep: a profile chosen),
 1 bad input, 8 a check failed or partial (the receipt says which; a sweep: none
 chosen), 9 no Docker daemon, or the hub did not answer for GSM8K.
@@ -295,6 +303,10 @@ examples:
     command.add_argument(
         "--profile", help="the launch profile it runs: its backends are checked at start-up"
     )
+    command.add_argument(
+        "--engine", choices=engines.NAMES,
+        help="the server's engine, when no profile says it (default: sglang)",
+    )  # fmt: skip
     command.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="a profile param the server was (with --start, --sweep: is) launched with, as "
@@ -368,14 +380,15 @@ examples:
     )  # fmt: skip
     command.add_argument(
         "--client", choices=("auto", "image", "builder"), default="auto",
-        help="throughput client: sglang's own bench_serving inside the server's container "
-        "(image), builder's, which follows its definitions (builder), or image where the "
-        "container has sglang (auto, the default); with image, a level still running after "
-        "2 x --level-seconds + 2 min is stopped and fails",
+        help="throughput client: the engine's own inside the server's container (image: "
+        "sglang's bench_serving, vllm bench serve), builder's, which follows its definitions "
+        "(builder), or image where the container has it (auto, the default); with image, a "
+        "level still running after 2 x --level-seconds + 2 min is stopped and fails",
     )  # fmt: skip
     command.add_argument(
         "--tokenizer", metavar="PATH",
-        help="the tokenizer bench_serving loads in the container (default: the server's)",
+        help="the tokenizer the image's client loads in the container (default: the "
+        "server's)",
     )  # fmt: skip
     command.add_argument(
         "--no-throughput", action="store_true",

@@ -19,6 +19,8 @@ from builder.core.errors import BuilderError
 from builder.core.lazy import lazy_module
 from builder.core.options import DEADLINE_MINUTES
 from builder.core.settings import resolve_data_dir
+from builder.spec import engines
+from builder.spec.engines import Engine, ready_line_indices
 from builder.spec.target import load_target
 
 if TYPE_CHECKING:
@@ -133,14 +135,10 @@ def _started_seconds_ago(container) -> float | None:
     return (datetime.now(timezone.utc) - started).total_seconds()
 
 
-# sglang's line once the HTTP server serves (srt/entrypoints/http_server.py).
-_SGLANG_READY = "The server is fired up and ready to roll"
-
-
-def _time_to_ready(container, waited: float) -> tuple[float | None, str]:
+def _time_to_ready(container, waited: float, engine: Engine) -> tuple[float | None, str]:
     """Seconds from the container's start to ready: seen by waiting for it, or read from
-    sglang's own ready line; a server already up when qualify came, without that line in
-    its log, has no known figure (not the age of the container)."""
+    the engine's own ready line; a server already up when qualify came, without that line
+    in its log, has no known figure (not the age of the container)."""
     if container is None:
         return round(waited, 1), "qualify start"
     container.reload()
@@ -150,14 +148,14 @@ def _time_to_ready(container, waited: float) -> tuple[float | None, str]:
         return None, "unknown: ready before qualify came"
     # This start's lines only (a restarted container keeps the earlier ones).
     logs = container.logs(timestamps=True, since=started.replace(tzinfo=None))
-    for line in logs.decode(errors="replace").splitlines():
-        if _SGLANG_READY in line:
-            try:
-                ready = docker_client.timestamp(line.split(" ", 1)[0])
-            except ValueError:
-                break
-            if ready >= started:
-                return round((ready - started).total_seconds(), 1), "container start (its log)"
+    lines = logs.decode(errors="replace").splitlines()
+    for at in ready_line_indices(lines, engine.ready_lines):
+        try:
+            ready = docker_client.timestamp(lines[at].split(" ", 1)[0])
+        except ValueError:
+            break
+        if ready >= started:
+            return round((ready - started).total_seconds(), 1), "container start (its log)"
     since_start = _started_seconds_ago(container)
     if since_start is not None and waited >= 5:  # qualify saw it turn ready
         return round(since_start, 1), "container start"
@@ -196,22 +194,31 @@ def _launched_profile(args, container) -> tuple[str | None, tuple]:
     return profile, launch.params_for(params, profile) if profile else params
 
 
-def _expect_from_profile(
-    args, client, image: dict | None, profile: str | None, params: tuple
-) -> tuple[dict, float | None]:
-    """The backends the profile asks for, and its deadline: from the image's own recipe
-    when it is a builder image, else from the checkout's target."""
+def _profile_recipe(args, image: dict | None, profile: str | None, params: tuple) -> Recipe | None:
+    """The recipe of the profile the server runs (its backends, deadline and engine): from
+    the image's own recipe when it is a builder image, else from the checkout's target."""
     if not profile:
-        return {}, None
+        return None
     if getattr(args, "launched", None):  # started here: the very recipe it runs
-        return dict(args.launched.recipe.expect), args.launched.recipe.ready_deadline_minutes
+        return args.launched.recipe
     reference = args.image or (image or {}).get("id")
     if reference and (args.image or image.get("built_by_builder")):
         source = image_recipe.profiles_of(image_recipe.launch_recipe(reference), reference)
     else:
         source = load_target(resolve_data_dir(args.data_dir), args.target).file
-    recipe = launch.resolve(source, profile, "-", launch.Overrides(params=params))
-    return dict(recipe.expect), recipe.ready_deadline_minutes
+    return launch.resolve(source, profile, "-", launch.Overrides(params=params))
+
+
+def _engine_of(args, recipe: Recipe | None) -> Engine:
+    """The profile's engine, else --engine (sglang by default); an --engine that
+    contradicts the profile is refused."""
+    if recipe is None:
+        return engines.engine(args.engine or engines.DEFAULT)
+    if args.engine and args.engine != recipe.engine:
+        raise BuilderError(
+            f"--engine {args.engine}: profile {recipe.profile} starts a {recipe.engine} server"
+        )
+    return engines.engine(recipe.engine)
 
 
 def run_checks(args, url: str, plan: Plan, out: Path, earlier: list | None = None) -> Checked:
@@ -236,7 +243,9 @@ def run_checks(args, url: str, plan: Plan, out: Path, earlier: list | None = Non
             )
         image = _image_of(given, args.image)
     profile, params = _launched_profile(args, container)
-    in_image, client_note = _throughput_client(args, container)
+    recipe = _profile_recipe(args, image, profile, params)
+    engine = _engine_of(args, recipe)
+    in_image, client_note = _throughput_client(args, container, engine)
 
     receipt: dict = {
         "schema": receipt_views.RECEIPT_SCHEMA,
@@ -244,6 +253,7 @@ def run_checks(args, url: str, plan: Plan, out: Path, earlier: list | None = Non
         "builder": identity.builder_identity(),
         "server": {
             "url": _public_url(url),
+            "engine": engine.name,
             "container": args.container,
             "image": image,
             "profile": profile,
@@ -275,7 +285,10 @@ def run_checks(args, url: str, plan: Plan, out: Path, earlier: list | None = Non
         _not_checked(receipt, "GPU state", receipt["gpus"].get("why") or "no GPU seen")
     run = _Run(receipt)
     with contextlib.suppress(_Failed):  # the receipt says where it stopped
-        _checks(args, run, client, container, image, url, plan, (in_image, client_note))
+        _checks(
+            args, run, client, container, image, url, plan, (in_image, client_note),
+            recipe, engine,
+        )  # fmt: skip
     if earlier and receipt["startup"] is not None:
         receipt["startup"]["attempts"] = earlier
     receipt["gates"] = gates.complete(receipt["gates"], receipt["result"]["failed_at"])
@@ -297,17 +310,17 @@ def run_checks(args, url: str, plan: Plan, out: Path, earlier: list | None = Non
     return Checked(receipt, receipt_path, plot, pushed)
 
 
-def _throughput_client(args, container) -> tuple[bool, str]:
-    """Whether sglang's bench_serving in the container measures throughput, and why.
-    sglang's own bench_serving from the server's image where it can run; builder's, which
-    follows its definitions, where it cannot (no container to run it in, or no sglang)."""
+def _throughput_client(args, container, engine: Engine) -> tuple[bool, str]:
+    """Whether the engine's own client in the container measures throughput, and why:
+    from the server's image where it can run; builder's, which follows its definitions,
+    where it cannot (no container to run it in, or no such client in its image)."""
     if args.no_throughput:
         return False, ""
     if args.client == "builder":
         return False, "--client builder"
     if container is None:  # --client image without one was refused with the input
-        return False, "no --container to run sglang's bench_serving in"
-    why = serving_bench.missing(container)
+        return False, f"no --container to run {engine.bench_prose} in"
+    why = serving_bench.missing(container, engine)
     if why and args.client == "image":
         raise BuilderError(f"--client image: container {container.name}: {why}")
     if why:
@@ -315,7 +328,10 @@ def _throughput_client(args, container) -> tuple[bool, str]:
     return True, f"from container {container.name}"
 
 
-def _checks(args, run, client, container, image, url, plan: Plan, throughput_client) -> None:
+def _checks(
+    args, run, client, container, image, url, plan: Plan, throughput_client,
+    recipe: Recipe | None, engine: Engine,
+) -> None:  # fmt: skip
     receipt = run.receipt
     api_key = plan.api_key
     # 1. The image's own promise, when it is known and a builder image.
@@ -338,13 +354,10 @@ def _checks(args, run, client, container, image, url, plan: Plan, throughput_cli
             run.fail("verify", f"{failed[0].check}: {failed[0].detail}")
 
     # 2. Start-up: ready (and the profile's backends), then every JIT compile it cost.
-    launched = receipt["server"]
-    expect, profile_deadline = _expect_from_profile(
-        args, client, image, launched["profile"], tuple(tuple(p) for p in launched["params"])
-    )
+    expect = dict(recipe.expect) if recipe else {}
     deadline_s = args.deadline_s
     if deadline_s is None:
-        deadline_s = (profile_deadline or DEADLINE_MINUTES) * 60
+        deadline_s = (recipe.ready_deadline_minutes if recipe else DEADLINE_MINUTES) * 60
     verdict = readiness.wait_ready(
         url,
         deadline_s=deadline_s,
@@ -354,6 +367,7 @@ def _checks(args, run, client, container, image, url, plan: Plan, throughput_cli
         poll_s=2.0,
         stall_s=args.stall_s if args.stall_s is not None else STALL_MINUTES * 60,
         api_key=api_key,
+        engine=engine,
     )
     startup: dict = {"state": verdict.state, "message": verdict.message}
     receipt["startup"] = startup
@@ -366,7 +380,7 @@ def _checks(args, run, client, container, image, url, plan: Plan, throughput_cli
     if verdict.state != "ready":
         run.fail("startup", f"{verdict.state}: {verdict.message}")
     startup["ready_seconds"], startup["ready_seconds_from"] = _time_to_ready(
-        container, verdict.elapsed
+        container, verdict.elapsed, engine
     )
     server_info = verdict.server_info
     receipt["server"]["server_info"] = {
@@ -398,7 +412,7 @@ def _checks(args, run, client, container, image, url, plan: Plan, throughput_cli
         _not_checked(receipt, "compiled at start-up", "no --container to look into")
 
     # 3. Correctness at temperature 0.
-    server = qualify.Server(url, api_key)
+    server = qualify.Server(url, api_key, engine=engine)
     try:
         model, context = qualify.served_model(server)
     except qualify.QualifyError as exc:
@@ -423,7 +437,8 @@ def _checks(args, run, client, container, image, url, plan: Plan, throughput_cli
             listed.append(gates.entry("needle", "failed", _tally(exc.partial), str(exc)))
             run.fail("correctness", str(exc))
     listed.append(gates.entry("needle", "passed", _tally(correctness["needles"])))
-    speculative = gates.speculative(receipt["server"]["command"], server_info)
+    command = receipt["server"]["command"]
+    speculative = engine.speculative(command, server_info)
     listed += gates.run_all(
         server, model, seed=args.seed, arithmetic=args.arithmetic, data=plan.gsm8k,
         is_speculative=speculative,
@@ -440,9 +455,7 @@ def _checks(args, run, client, container, image, url, plan: Plan, throughput_cli
     prefill: list[dict] = []
     in_image, client_note = throughput_client
     receipt["throughput"] = {
-        "client": f"{serving_bench.MODULE} in the server's image"
-        if in_image
-        else "builder (sglang bench_serving's metric definitions, /generate streaming)",
+        "client": f"{engine.bench_name} in the server's image" if in_image else engine.own_client,
         "client_why": client_note,
         "input_len": args.input_len,
         "output_len": args.output_len,
@@ -457,15 +470,16 @@ def _checks(args, run, client, container, image, url, plan: Plan, throughput_cli
             sampler = gpu_state.measure()
             if in_image:
                 result = serving_bench.run_level(
-                    container, base_url=_inside_url(url, server_info), model=model,
-                    tokenizer=args.tokenizer or _tokenizer_of(server_info, model),
+                    container, engine, model=model,
+                    base_url=_inside_url(url, engine.listen_port(command, server_info)),
+                    tokenizer=args.tokenizer or engine.tokenizer(server_info, model),
                     api_key=api_key, concurrency=level, prompts=prompts,
                     input_len=args.input_len, output_len=args.output_len, seed=args.seed,
                     deadline_s=int(2 * args.level_seconds) + 120,
                 )  # fmt: skip
             else:
                 result = qualify.run_level(
-                    server, level, prompts, args.input_len, args.output_len, args.seed,
+                    server, model, level, prompts, args.input_len, args.output_len, args.seed,
                     args.level_seconds,
                 )  # fmt: skip
             result["gpu"] = sampler.stop()
@@ -480,7 +494,7 @@ def _checks(args, run, client, container, image, url, plan: Plan, throughput_cli
             prefill.append({"input_len": length, "skipped": f"over the served context ({context})"})
             continue
         with progress.task(f"prefill: {length} tokens, {qualify.PREFILL_PROMPTS} requests alone"):
-            result = qualify.run_prefill(server, length, args.seed, args.level_seconds)
+            result = qualify.run_prefill(server, model, length, args.seed, args.level_seconds)
         prefill.append(result)
         if not result["completed"]:
             run.fail(
@@ -509,16 +523,8 @@ def _fallback(args) -> str:
     return f"; its fallback: {given}" + (f" ({why})" if why else "")
 
 
-def _inside_url(url: str, server_info: dict) -> str:
+def _inside_url(url: str, port: int | None) -> str:
     """The server as a process in its own container reaches it: loopback, on the port the
-    server itself listens on (a published port may differ)."""
+    server itself listens on (a published port may differ), else the URL's."""
     parts = urlsplit(url)
-    port = server_info.get("port") if isinstance(server_info.get("port"), int) else parts.port
-    return f"{parts.scheme}://127.0.0.1:{port}"
-
-
-def _tokenizer_of(server_info: dict, model: str) -> str:
-    for key in ("tokenizer_path", "model_path"):
-        if isinstance(server_info.get(key), str) and server_info[key]:
-            return server_info[key]
-    return model
+    return f"{parts.scheme}://127.0.0.1:{port or parts.port}"

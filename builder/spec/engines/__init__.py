@@ -2,18 +2,22 @@
 
 What differs between sglang and vLLM lives in one module per engine (sglang.py, vllm.py):
 how a server says it is ready and what it serves, the speculative-decoding flags and
-figures, and the benchmark client it ships. Each is pure: it reads answers (HTTP bodies,
-log text) handed to it and builds argument lists, so the GPU VM's commands and the tests
-drive the same code. The flag reader of each engine's argument parser is on the upstream
+figures, the benchmark client it ships and the streaming endpoint builder's own client
+measures. Each is pure: it reads answers (HTTP bodies, log text) handed to it and builds
+argument lists and request bodies, so the GPU VM's commands and the tests drive the same
+code. The flag reader of each engine's argument parser is on the upstream
 side (builder/upstream/sglang_parser.py, vllm_parser.py), chosen by the same name.
 """
 
 from __future__ import annotations
 
 from builder.core.errors import BuilderError
-from builder.spec.engines.base import Engine, Probe, flag_value
+from builder.spec.engines.base import Acceptance, Engine, Probe, flag_value, ready_line_indices
 
-__all__ = ["DEFAULT", "NAMES", "Engine", "Probe", "engine", "flag_value"]
+__all__ = [
+    "DEFAULT", "NAMES", "Acceptance", "Engine", "Probe", "engine", "flag_value",
+    "ready_line_indices",
+]  # fmt: skip
 
 NAMES = ("sglang", "vllm")
 DEFAULT = "sglang"

@@ -3,8 +3,8 @@ both engines' modules share."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -19,6 +19,16 @@ class Probe:
     body: str = ""  # a POST's JSON body; "" for a GET ({served} is the served model's name)
 
 
+@dataclass(frozen=True)
+class Acceptance:
+    """A speculative server's draft acceptance, as its engine reports it."""
+
+    length: float | None  # tokens per verify step, the bonus token counted
+    rate: float | None  # accepted draft tokens / proposed draft tokens
+    figures: dict = field(default_factory=dict)  # every figure read, for the receipt
+    missing: str = ""  # why there is no length (one line)
+
+
 class Engine(Protocol):
     name: str  # as target.toml names it
     # What a server of this engine answers while it starts, stage by stage: "port", then
@@ -27,6 +37,16 @@ class Engine(Protocol):
     identity_paths: tuple[str, ...]  # GETs whose answers say what it serves
     log_keys: frozenset[str]  # served settings only its start-up log says
     bench_module: str  # the benchmark client inside the image (python3 -m ...)
+    bench_name: str  # that client as receipts and messages name it
+    bench_prose: str  # ... and as a sentence does
+    own_client: str  # builder's own client for this engine, as a receipt names it
+    # The start-up log's lines that say it serves, in the order it writes them (the last
+    # one's time is the time to ready).
+    ready_lines: tuple[str, ...]
+    speculative_flag: str  # the flag that makes a profile speculative, named when absent
+    # GETs whose text the acceptance figures read, before and after the gates' traffic.
+    acceptance_paths: tuple[str, ...]
+    spec_reply_request: Mapping  # what a chat request adds to get its reply's figures
     # The image's entrypoint takes the API key from the file this variable names.
     api_key_file_env: str
     # The flag whose JSON object overrides the checkpoint's config (index_topk_pattern).
@@ -49,7 +69,37 @@ class Engine(Protocol):
         """Speculative decoding whose draft layers come from the served checkpoint (MTP)."""
         ...
 
-    def acceptance_from_metrics(self, metrics_text: str | None) -> dict: ...
+    def spec_reply(self, answer: Mapping) -> dict | None:
+        """A chat answer's own speculative figures (asked with `spec_reply_request`)."""
+        ...
+
+    def acceptance(
+        self, replies: Sequence[dict], before: Mapping[str, str | None],
+        after: Mapping[str, str | None],
+    ) -> Acceptance:  # fmt: skip
+        """Draft acceptance from the replies' figures and the `acceptance_paths` answers
+        (None: no 200) read before and after the gates."""
+        ...
+
+    def stream_request(
+        self, model: str, input_ids: Sequence[int], output_len: int
+    ) -> tuple[str, dict]:
+        """The path and JSON body that stream `output_len` tokens for token-id prompt
+        `input_ids` at temperature 0, ignoring EOS."""
+        ...
+
+    def stream_progress(self, chunk: Mapping) -> tuple[bool, int | None]:
+        """Of one streamed `data:` chunk: whether it carries output, and the completion
+        tokens so far when it says (None when it does not)."""
+        ...
+
+    def listen_port(self, args: Sequence[str] | None, served: Mapping) -> int | None:
+        """The port the server listens on inside its container, when it says."""
+        ...
+
+    def tokenizer(self, served: Mapping, model: str) -> str:
+        """The tokenizer its benchmark client loads: the server's, else the served model."""
+        ...
 
     def bench_result(self, result: Mapping) -> dict:
         """The client's result keys in the names a receipt uses."""
@@ -70,3 +120,16 @@ def flag_value(args: Sequence[str], flag: str) -> str | None:
         elif word.startswith(f"{flag}="):
             value = word.split("=", 1)[1]
     return value
+
+
+def ready_line_indices(lines: Sequence[str], ready_lines: Sequence[str]) -> Iterator[int]:
+    """The index of each line that says the server serves: one holding the last of
+    `ready_lines` after the others, in order (each start of a log that holds several)."""
+    wanted = 0
+    for at, line in enumerate(lines):
+        if ready_lines[wanted] in line:
+            if wanted == len(ready_lines) - 1:
+                yield at
+                wanted = 0
+            else:
+                wanted += 1

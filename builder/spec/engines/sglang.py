@@ -9,11 +9,13 @@ with what sglang chose for the settings a profile leaves to it).
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
-from builder.spec.engines.base import Probe, flag_value
+from builder.spec.engines.base import Acceptance, Probe, flag_value
 
 NAME = "sglang"
 _GAUGE = re.compile(r"^(sglang:spec_accept_(?:length|rate))(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
@@ -32,6 +34,14 @@ class SglangEngine:
     # `python3 -m sglang.bench_serving` is the module in sglang 0.5.9 and still starts
     # 0.5.23's (which moved to `sglang.benchmark.serving` and forwards).
     bench_module = "sglang.bench_serving"
+    bench_name = bench_module
+    bench_prose = "sglang's bench_serving"
+    own_client = "builder (sglang bench_serving's metric definitions, /generate streaming)"
+    # Its line once the HTTP server serves (srt/entrypoints/http_server.py).
+    ready_lines = ("The server is fired up and ready to roll",)
+    speculative_flag = "--speculative-algorithm"
+    acceptance_paths = ("/server_info", "/metrics")
+    spec_reply_request = MappingProxyType({"return_spec_tokens_details": True})
     # The result line's keys (sglang/bench_serving.py 0.5.9, sglang/benchmark/serving.py 0.5.23).
     bench_result_keys = (
         "completed", "duration", "total_output_tokens", "request_throughput",
@@ -80,6 +90,64 @@ class SglangEngine:
             found.setdefault(name.removeprefix("sglang:spec_"), []).append(float(value))
         return {name: round(statistics.fmean(values), 4) for name, values in found.items()}
 
+    def spec_reply(self, answer: Mapping) -> dict | None:
+        """`sglext.spec_tokens_details` of a chat answer."""
+        extension = answer.get("sglext")
+        details = extension.get("spec_tokens_details") if isinstance(extension, dict) else None
+        return details if isinstance(details, dict) else None
+
+    def acceptance(
+        self, replies: Sequence[dict], before: Mapping[str, str | None],
+        after: Mapping[str, str | None],
+    ) -> Acceptance:  # fmt: skip
+        """The replies' figures pooled, else /server_info's average since start; the
+        /metrics gauges recorded beside them (all read after the gates)."""
+        try:
+            info = json.loads(after.get("/server_info") or "{}")
+        except (ValueError, RecursionError):
+            info = {}
+        figures = {
+            "per_reply": acceptance(replies),
+            "server_average_accept_length": server_accept_length(
+                info if isinstance(info, dict) else {}
+            ),
+            "metrics": self.acceptance_from_metrics(after.get("/metrics")),
+        }
+        per_reply = figures["per_reply"]
+        length = per_reply["accept_length"] or figures["server_average_accept_length"]
+        if per_reply["accept_length"] is None and figures["server_average_accept_length"] is None:
+            why = (
+                "the server reported no acceptance (no spec_tokens_details, no "
+                "avg_spec_accept_length)"
+            )
+            return Acceptance(None, per_reply["accept_rate"], figures, why)
+        return Acceptance(length, per_reply["accept_rate"], figures)
+
+    def stream_request(
+        self, model: str, input_ids: Sequence[int], output_len: int
+    ) -> tuple[str, dict]:
+        """sglang's native /generate with input_ids (bench_serving's `sglang` backend)."""
+        return "/generate", {
+            "input_ids": list(input_ids),
+            "sampling_params": {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True},
+            "stream": True,
+        }
+
+    def stream_progress(self, chunk: Mapping) -> tuple[bool, int | None]:
+        """Each chunk says the completion tokens so far (`meta_info.completion_tokens`)."""
+        count = int((chunk.get("meta_info") or {}).get("completion_tokens") or 0)
+        return count > 0, count
+
+    def listen_port(self, args: Sequence[str] | None, served: Mapping) -> int | None:
+        port = served.get("port")
+        return port if isinstance(port, int) else None
+
+    def tokenizer(self, served: Mapping, model: str) -> str:
+        for key in ("tokenizer_path", "model_path"):
+            if isinstance(served.get(key), str) and served[key]:
+                return served[key]
+        return model
+
     def bench_result(self, result: Mapping) -> dict:
         return {key: result.get(key) for key in self.bench_result_keys}
 
@@ -108,6 +176,50 @@ class SglangEngine:
             "--output-file", output_file,
             "--disable-tqdm",
         ]  # fmt: skip
+
+
+def _number(value: object) -> float | None:
+    """A figure a server reported, or None for anything that is not a finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def acceptance(details: Sequence[dict]) -> dict:
+    """Over the replies sglang described (tokenizer_manager.py:3138-3176): accepted length =
+    completion tokens per verify step (the bonus token counted), acceptance rate = accepted
+    drafts / proposed drafts, both pooled over the replies."""
+    details = [
+        {key: _number(value) for key, value in d.items() if key.startswith("spec_")}
+        for d in details
+        if isinstance(d, dict)
+    ]
+    steps = sum(d.get("spec_verify_ct") or 0 for d in details)
+    tokens = sum(
+        (d.get("spec_accept_length") or 0) * (d.get("spec_verify_ct") or 0) for d in details
+    )
+    proposed = sum(d.get("spec_num_proposed_drafts") or 0 for d in details)
+    accepted = sum(d.get("spec_num_correct_drafts") or 0 for d in details)
+    rates = [d["spec_accept_rate"] for d in details if d.get("spec_accept_rate") is not None]
+    return {
+        "replies": len(details),
+        "accept_length": round(tokens / steps, 3) if steps else None,
+        "accept_rate": round(accepted / proposed, 4)
+        if proposed
+        else (round(statistics.fmean(rates), 4) if rates else None),
+    }
+
+
+def server_accept_length(server_info: dict) -> float | None:
+    """/server_info's `internal_states[*].avg_spec_accept_length`: accepted tokens per
+    forward since the server started (scheduler_components/internal_state.py:119-125)."""
+    states = server_info.get("internal_states") or []
+    values = [
+        s["avg_spec_accept_length"]
+        for s in states
+        if isinstance(s, dict) and isinstance(s.get("avg_spec_accept_length"), int | float)
+    ]
+    return round(statistics.fmean(values), 3) if values else None
 
 
 ENGINE = SglangEngine()

@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
-from builder.spec.engines.base import Probe, flag_value
+from builder.spec.engines.base import Acceptance, Probe, flag_value
 
 NAME = "vllm"
 _CONFIG_LINE = re.compile(r"Initializing a V1 LLM engine \(v([^)]*)\) with config: (.*)$", re.M)
@@ -78,6 +79,13 @@ class VllmEngine:
     # `vllm bench serve` (benchmarks/serve.py), from the image: the client of the server it
     # measures. Its --save-result keys (serve.py:1317-1432).
     bench_module = "vllm.entrypoints.cli.main"
+    bench_name = bench_prose = "vllm bench serve"
+    own_client = "builder (vllm bench serve's metric definitions, /v1/completions streaming)"
+    # build_and_serve's line, then uvicorn's once it serves (api_server/entry.py:139).
+    ready_lines = ("Starting vLLM server on", "Application startup complete.")
+    speculative_flag = "--speculative-config"
+    acceptance_paths = ("/metrics",)
+    spec_reply_request = MappingProxyType({})  # no per-reply figures: the counters say it
     bench_result_keys = (
         "completed", "duration", "total_output_tokens", "request_throughput",
         "output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
@@ -140,21 +148,62 @@ class VllmEngine:
         config = speculative_config(args)
         return bool(config) and config.get("method") == "mtp" and not config.get("model")
 
-    def acceptance_from_metrics(self, metrics_text: str | None) -> dict:
-        """Acceptance from vLLM's spec-decode counters (v1/spec_decode/metrics.py:180-194):
-        rate = accepted / draft tokens, mean length = 1 + accepted / drafts."""
-        totals: dict[str, list[float]] = {}
-        for name, value in _SPEC_COUNTER.findall(metrics_text or ""):
-            totals.setdefault(name, []).append(float(value))
-        summed = {name: sum(values) for name, values in totals.items()}
-        drafts, tokens = summed.get("drafts"), summed.get("draft_tokens")
-        accepted = summed.get("accepted_tokens")
-        figures = {}
-        if accepted is not None and drafts:
-            figures["accept_length"] = round(1 + accepted / drafts, 4)
-        if accepted is not None and tokens:
-            figures["accept_rate"] = round(accepted / tokens, 4)
-        return figures
+    def spec_reply(self, answer: Mapping) -> dict | None:
+        return None
+
+    def acceptance(
+        self, replies: Sequence[dict], before: Mapping[str, str | None],
+        after: Mapping[str, str | None],
+    ) -> Acceptance:  # fmt: skip
+        """From the spec-decode counters of /metrics: their growth over the gates (the
+        figure), and their totals since the server started (recorded beside it)."""
+        start, end = spec_counters(before.get("/metrics")), spec_counters(after.get("/metrics"))
+        during = {name: end[name] - start.get(name, 0.0) for name in end}
+        figures = {
+            "during_gates": {**acceptance_of(during), **during},
+            "since_start": acceptance_of(end),
+        }
+        found = figures["during_gates"]
+        if "accept_length" not in found:
+            why = (
+                "no draft was counted during the gates (vllm:spec_decode_num_* on /metrics)"
+                if end
+                else "its /metrics has no spec-decode counters (vllm:spec_decode_num_*)"
+            )
+            return Acceptance(None, None, figures, why)
+        return Acceptance(found["accept_length"], found.get("accept_rate"), figures)
+
+    def stream_request(
+        self, model: str, input_ids: Sequence[int], output_len: int
+    ) -> tuple[str, dict]:
+        """The OpenAI completions endpoint with a token-id prompt (vLLM takes a list of
+        ints as `prompt`); the last chunk's usage counts the tokens."""
+        return "/v1/completions", {
+            "model": model,
+            "prompt": list(input_ids),
+            "max_tokens": output_len,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+
+    def stream_progress(self, chunk: Mapping) -> tuple[bool, int | None]:
+        """As `vllm bench serve` reads it (benchmarks/lib/endpoint_request_func.py): a chunk
+        with choices is output, the usage chunk's completion_tokens the count."""
+        usage = chunk.get("usage")
+        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        return bool(chunk.get("choices")), int(tokens) if tokens is not None else None
+
+    def listen_port(self, args: Sequence[str] | None, served: Mapping) -> int | None:
+        """`--port` of its command line (no HTTP answer says it)."""
+        port = flag_value(args or (), "--port")
+        return int(port) if port and port.isdigit() else None
+
+    def tokenizer(self, served: Mapping, model: str) -> str:
+        """The model it loaded (/v1/models' `root`): vLLM's tokenizer defaults to it."""
+        root = served.get("model")
+        return root if isinstance(root, str) and root else model
 
     def bench_result(self, result: Mapping) -> dict:
         """Its result in the names builder's receipts use (sglang's): `e2el` is the
@@ -204,6 +253,28 @@ def speculative_config(args: Sequence[str]) -> dict:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def spec_counters(metrics_text: str | None) -> dict[str, float]:
+    """vLLM's spec-decode counters (v1/spec_decode/metrics.py:229-231), summed over their
+    label sets (one per engine): drafts, draft_tokens, accepted_tokens."""
+    totals: dict[str, float] = {}
+    for name, value in _SPEC_COUNTER.findall(metrics_text or ""):
+        totals[name] = totals.get(name, 0.0) + float(value)
+    return totals
+
+
+def acceptance_of(counters: Mapping[str, float]) -> dict:
+    """Rate = accepted / draft tokens, mean length = 1 + accepted / drafts
+    (v1/spec_decode/metrics.py:180-194); each only when its counters say it."""
+    drafts, tokens = counters.get("drafts"), counters.get("draft_tokens")
+    accepted = counters.get("accepted_tokens")
+    figures = {}
+    if accepted is not None and drafts:
+        figures["accept_length"] = round(1 + accepted / drafts, 4)
+    if accepted is not None and tokens:
+        figures["accept_rate"] = round(accepted / tokens, 4)
+    return figures
 
 
 def log_settings(log_text: str) -> dict:
