@@ -268,3 +268,33 @@ def test_speculative_settings_sglang_would_change_are_refused(params, message) -
     recipe = launch.resolve(TARGET, "glm5-nvfp4-tp8-mtp", IMAGE, launch.Overrides(params=steps))
     assert recipe.expect["speculative_num_steps"] == "2"
     assert recipe.expect["speculative_num_draft_tokens"] == "3"
+
+
+def test_a_vllm_profile_s_pattern_and_mtp_layer_are_checked_as_vllm_reads_them(
+    tmp_path: Path,
+) -> None:
+    """#57: vLLM takes the pattern in --hf-overrides and the draft from the checkpoint with
+    --speculative-config method mtp; the launch checks (launch --run, the sweep) read
+    those, not sglang's flags."""
+    from builder.site.commands.launch_options import check_checkpoint
+
+    vllm_target = REPO_ROOT / "images/sm120-vllm/target.toml"
+    checkpoint = write_checkpoint(
+        tmp_path / "GLM-5.2", glm_config(indexer_types=glm52_indexer_types()), range(79)
+    )
+    flipped = GLM52_PATTERN[:6] + "S" + GLM52_PATTERN[7:]
+    recipe = launch.resolve(
+        vllm_target, "glm52-nvfp4-tp8", IMAGE,
+        launch.Overrides(model=str(checkpoint), params=(("index_topk_pattern", flipped),)),
+    )  # fmt: skip
+    assert model_check.index_topk_pattern(recipe.args, "t", recipe.engine) == flipped
+    with pytest.raises(
+        BuilderError, match="differs from the checkpoint's indexer_types at layer 6"
+    ):
+        check_checkpoint(recipe)
+    mtp = launch.resolve(
+        vllm_target, "glm52-nvfp4-tp8-mtp", IMAGE, launch.Overrides(model=str(checkpoint))
+    )
+    assert model_check.draft_from_checkpoint(mtp.args, mtp.engine)
+    assert not model_check.draft_from_checkpoint(mtp.args)  # sglang's flags: none of them
+    check_checkpoint(mtp)  # layer 78's weights are there

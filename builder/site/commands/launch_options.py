@@ -129,6 +129,7 @@ def check_checkpoint(recipe: launch.Recipe) -> None:
         recipe.model_is_local,
         recipe.model_revision,
         recipe.hf_cache,
+        recipe.engine,
     )
 
 

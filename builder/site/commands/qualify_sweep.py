@@ -161,12 +161,12 @@ def _qualify_one(
     return start_and_qualify(retry, plan, folder, earlier).receipt
 
 
-def _not_started(name: str, why: str, folder: Path) -> dict:
+def _not_started(name: str, why: str, folder: Path, engine: str = engines.DEFAULT) -> dict:
     """The receipt of a profile the sweep could not start (docker run refused, its image or
     checkpoint not right): no check ran, and it says why."""
     receipt = {
         "schema": RECEIPT_SCHEMA,
-        "server": {"profile": name, "params": [], "image": None},
+        "server": {"profile": name, "params": [], "image": None, "engine": engine},
         "startup": None,
         "gates": [],
         "not_checked": [{"what": "everything", "why": why}],
@@ -187,7 +187,8 @@ def run(args: argparse.Namespace, plan, out: Path, names: list[str], known) -> N
             receipt = _qualify_one(args, name, known, plan, folder)
         except BuilderError as exc:  # this profile could not start: the others still run
             progress.warn(f"{name}: {exc}")
-            receipt = _not_started(sweep.split_entry(name)[1], str(exc), folder)
+            engine = known[name].engine if known else engines.DEFAULT
+            receipt = _not_started(sweep.split_entry(name)[1], str(exc), folder, engine)
         profile = sweep.split_entry(name)[1]
         label = name if name != profile else ""
         swept.append(sweep.Swept(profile, receipt, f"{name}/receipt.json", label))
