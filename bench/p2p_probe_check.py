@@ -46,12 +46,12 @@ def _launch_read(target_file: Path, profile: str, cache: Path) -> dict:
     it, then the record step recipe_from_args runs (builder/site/commands/launch_options.py)."""
     from builder.core.errors import BuilderError
     from builder.site import p2p_record
-    from builder.spec import launch
+    from builder.spec import launch, launch_profiles
 
-    known = launch.Profiles.of(target_file)
+    known = launch_profiles.Profiles.of(target_file)
     overrides = launch.Overrides(params=(("sglang_cache", str(cache)),))
     recipe = launch.resolve(known, profile, "-", overrides)
-    needs = bool(launch.flattened(known, profile).get("needs_peer_access"))
+    needs = bool(launch_profiles.flattened(known, profile).get("needs_peer_access"))
     try:
         applied, line = p2p_record.apply(recipe, needs)
     except BuilderError as exc:
@@ -99,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from builder.site import p2p, p2p_host, p2p_record, p2p_run
-    from builder.spec import launch
+    from builder.spec import launch, launch_profiles
     from builder.spec.target import load_target
 
     out = args.out.resolve()
@@ -107,7 +107,7 @@ def main() -> None:
     cache = out / "sglang-cache"
     os.environ[p2p_record.DIR_ENV] = str(out / "p2p")  # for the launches below too
     target = load_target(REPO, args.target)
-    known = launch.Profiles.of(target.file)
+    known = launch_profiles.Profiles.of(target.file)
     recipe = launch.resolve(
         known, args.profile, "-", launch.Overrides(params=(("sglang_cache", str(cache)),))
     )

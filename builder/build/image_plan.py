@@ -24,7 +24,7 @@ from builder.core.cache import content_key, sha256_file
 from builder.core.errors import BuilderError
 from builder.core.identity import code_key
 from builder.core.urls import redact
-from builder.spec import launch, lockfile, recipe
+from builder.spec import launch_profiles, lockfile, recipe
 from builder.spec.cuda import sm_name
 from builder.spec.jit import packs
 from builder.spec.lockfile import Lock
@@ -233,7 +233,7 @@ def hashed_inputs(
         {"runtime": runtime_key, "wheel": wheels["flashinfer"].sha256, "arch": target.arch_list}
     )
     # The launch profiles travel in the image's recipe (its last layer).
-    profiles = launch.Profiles.of(target.file)
+    profiles = launch_profiles.Profiles.of(target.file)
     server_key = content_key(
         {
             "flashinfer": flashinfer_key,

@@ -19,7 +19,7 @@ from docker.errors import APIError, ImageNotFound, NotFound
 
 from builder.core import docker_client, progress, registry
 from builder.core.errors import BuilderError
-from builder.spec import engines, launch
+from builder.spec import engines, launch_profiles
 from builder.spec.target import Target
 
 # Every label builder puts on an image starts with this.
@@ -34,7 +34,7 @@ LAUNCH_LABEL = "io.builder.launch"
 
 def launch_facts(target: Target) -> dict:
     """What `launch`, `deploy-files`, `wait-ready` and `doctor` read of an image."""
-    profiles, default = launch.load_profiles(target.file)
+    profiles, default = launch_profiles.load_profiles(target.file)
     return {
         "schema_version": SCHEMA_VERSION,
         "target": {
@@ -194,9 +194,9 @@ def _printable_everywhere(value: object, at: str) -> None:
             _printable_everywhere(item, at)
 
 
-def profiles_of(recipe: dict, reference: str) -> launch.Profiles:
+def profiles_of(recipe: dict, reference: str) -> launch_profiles.Profiles:
     """The launch profiles an image was built with, for `launch.resolve`."""
-    return launch.Profiles(
+    return launch_profiles.Profiles(
         recipe["profiles"]["profiles"],
         recipe["profiles"]["default"],
         f"{reference}:{RECIPE_PATH}",

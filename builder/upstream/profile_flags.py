@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.spec import launch
+from builder.spec import launch, launch_profiles
 from builder.upstream.argparse_flags import Flag
 
 _IMAGE = "image@sha256:" + "0" * 64  # a recipe needs an image; the flags do not depend on it
@@ -112,7 +112,7 @@ def check_target(
     old: dict[str, Flag] | None = None,
     version: str = "the new release",
 ) -> list[ProfileCheck]:
-    profiles, _ = launch.load_profiles(target_file)
+    profiles, _ = launch_profiles.load_profiles(target_file)
     return [
         check_profile(target, target_file, name, new, new_fields, old, version) for name in profiles
     ]

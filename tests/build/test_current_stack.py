@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from builder.build.wheelfiles import write_wheel
-from builder.spec import launch
+from builder.spec import launch, launch_profiles
 from builder.spec.target import load_target
 from builder.upstream import sglang_parser
 from builder.upstream.jit_generators import check_generators
@@ -124,7 +124,7 @@ def seed_from_the_run(builder: Builder, made: dict, *folders: str) -> None:
 
 
 def _profiles(target: str = TARGET) -> list[str]:
-    profiles, _ = launch.load_profiles(REPO_ROOT / "images" / target / "target.toml")
+    profiles, _ = launch_profiles.load_profiles(REPO_ROOT / "images" / target / "target.toml")
     return list(profiles)
 
 
@@ -158,8 +158,8 @@ def test_every_flag_a_profile_renders_is_an_option_of_sglang_0_5_23(
 
 
 def _with_fallback() -> list[str]:
-    known = launch.Profiles.of(REPO_ROOT / "images" / TARGET / "target.toml")
-    return [name for name in known.profiles if launch.fallback_params(known, name)]
+    known = launch_profiles.Profiles.of(REPO_ROOT / "images" / TARGET / "target.toml")
+    return [name for name in known.profiles if launch_profiles.fallback_params(known, name)]
 
 
 @pytest.mark.parametrize("profile", _with_fallback())
@@ -169,9 +169,9 @@ def test_every_fallback_renders_options_of_sglang_0_5_23(sglang_source: Path, pr
     choices (tc_piecewise, the backend of the field report, is not one any more)."""
     options = sglang_parser.server_flags(sglang_source)
     assert "tc_piecewise" not in options["--cuda-graph-backend-decode"].choices
-    known = launch.Profiles.of(REPO_ROOT / "images" / TARGET / "target.toml")
-    params = launch.fallback_params(known, profile)
-    assert launch.fallback_why(known, profile)
+    known = launch_profiles.Profiles.of(REPO_ROOT / "images" / TARGET / "target.toml")
+    params = launch_profiles.fallback_params(known, profile)
+    assert launch_profiles.fallback_why(known, profile)
     recipe = launch.resolve(known, profile, "i@sha256:" + "0" * 64, launch.Overrides(params=params))
     args = list(recipe.args)
     for key, value in params:

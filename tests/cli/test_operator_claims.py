@@ -235,7 +235,7 @@ def check_example(line: str) -> str | None:
     from builder.site.commands.launch_options import key_values
     from builder.site.commands.qualify_sweep import sets_for
     from builder.site.sweep import split_entry
-    from builder.spec import launch
+    from builder.spec import launch, launch_profiles
     from builder.spec.target import load_target
 
     words = shlex.split(command_part(line.replace("$IMAGE", IMAGE)), comments=True)[1:]
@@ -262,7 +262,7 @@ def check_example(line: str) -> str | None:
     # No daemon or registry: --image is answered by the target's own profiles.
     # The README's default target, not the suite's BUILDER_TARGET.
     target = args.target if "--target" in words else "sm120"
-    known = launch.Profiles.of(load_target(REPO_ROOT, target).file)
+    known = launch_profiles.Profiles.of(load_target(REPO_ROOT, target).file)
     names = args.sweep.split(",") if getattr(args, "sweep", None) else [args.profile]
     try:
         for name in names:  # a sweep's PROFILE:KEY=VALUE for that profile alone
@@ -270,7 +270,7 @@ def check_example(line: str) -> str | None:
             engine, profile = split_entry(name) if name else (None, name)  # ENGINE/PROFILE
             profiles = known
             if engine is not None:
-                profiles = launch.Profiles.of(
+                profiles = launch_profiles.Profiles.of(
                     REPO_ROOT / "images" / ENGINE_TARGETS[engine] / "target.toml"
                 )
             overrides = launch.Overrides(

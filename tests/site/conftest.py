@@ -20,9 +20,9 @@ VLLM_TARGET = REPO_ROOT / "images" / "sm120-vllm" / "target.toml"
 
 def rendered_args(profile: str, port: int) -> tuple[str, ...]:
     """`vllm serve`'s args as the profile renders them, listening on `port`."""
-    from builder.spec import launch
+    from builder.spec import launch, launch_profiles
 
-    known = launch.Profiles.of(VLLM_TARGET)
+    known = launch_profiles.Profiles.of(VLLM_TARGET)
     overrides = launch.Overrides(port=port)
     return launch.resolve(known, profile, "-", overrides).args
 

@@ -57,12 +57,13 @@ if sys.argv[1] == "without-tomllib":
     sys.modules["tomllib"] = None  # as on Python 3.10: `import tomllib` fails
 from pathlib import Path
 from builder.spec import launch
+from builder.spec import launch_profiles
 import builder.spec.target
 recipes = {}
 for target in ("sm120", "sm120-0.5.9"):
     source = Path(sys.argv[2]) / "images" / target / "target.toml"
     builder.spec.target.load_target(Path(sys.argv[2]), target)
-    for name in launch.Profiles.of(source).profiles:
+    for name in launch_profiles.Profiles.of(source).profiles:
         recipe = launch.resolve(source, name, "i@sha256:" + "0" * 64, launch.Overrides())
         recipes[f"{target}/{name}"] = [list(recipe.args), dict(recipe.env)]
 print(json.dumps({"tomli": "tomli" in sys.modules, "recipes": recipes}))

@@ -20,7 +20,7 @@ import pytest
 
 from builder.build import wheels
 from builder.core.errors import BuilderError
-from builder.spec import launch
+from builder.spec import launch_profiles
 from builder.spec.target import load_fork, load_target
 from builder.upstream import series
 from tests.conftest import REPO_ROOT
@@ -345,7 +345,7 @@ def test_a_profile_deadline_that_is_no_number_is_one_line(work, value: str) -> N
 def test_a_profile_gpu_memory_that_is_no_number_is_refused(value) -> None:
     """doctor compares the GPUs' memory with it: NaN would pass every GPU."""
     with pytest.raises(BuilderError, match="field 'min_gpu_memory_gib'"):
-        launch.profile_number({"min_gpu_memory_gib": value}, "min_gpu_memory_gib", 0, "p:")
+        launch_profiles.profile_number({"min_gpu_memory_gib": value}, "min_gpu_memory_gib", 0, "p:")
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "0", "-2", "true"])

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from builder.core.errors import BuilderError
 from builder.site import deploy, readiness
-from builder.spec import launch, recipe
+from builder.spec import launch, launch_profiles, recipe
 from builder.spec.target import load_fork, load_target
 from tests.conftest import GOOD_INFO, REPO_ROOT
 
@@ -163,7 +163,7 @@ def test_target_toml(data: Path, document: dict) -> None:
     _read_as(data, "images/sm120/target.toml", document, lambda: load_target(data, "sm120"))
 
 
-def _every_profile(profiles: launch.Profiles) -> None:
+def _every_profile(profiles: launch_profiles.Profiles) -> None:
     for name in profiles.profiles:
         recipe_ = launch.resolve(profiles, name, IMAGE, launch.Overrides())
         deploy.compose_file(recipe_)
@@ -177,12 +177,12 @@ def test_profiles_toml(data: Path, document: dict) -> None:
         data,
         "images/sm120/profiles.toml",
         document,
-        lambda: _every_profile(launch.Profiles.of(data / "images/sm120/x")),
+        lambda: _every_profile(launch_profiles.Profiles.of(data / "images/sm120/x")),
     )
 
 
 def _launch_label() -> dict:
-    profiles, default = launch.load_profiles(REPO_ROOT / "images/sm120/target.toml")
+    profiles, default = launch_profiles.load_profiles(REPO_ROOT / "images/sm120/target.toml")
     return {
         "schema_version": recipe.SCHEMA_VERSION,
         "target": {"name": "sm120", "description": "d", "cuda_version": "13.0.1",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.spec import launch
+from builder.spec import launch, launch_profiles
 from builder.spec.engines import vllm
 from builder.spec.jit import jit_list, packs
 from builder.spec.target import available_targets, load_target
@@ -37,7 +37,7 @@ def test_the_list_and_the_profiles_agree(target_name: str) -> None:
 @pytest.mark.parametrize("target_name", available_targets(REPO_ROOT))
 def test_profiles_ask_for_what_they_expect(target_name: str) -> None:
     target = load_target(REPO_ROOT, target_name)
-    known = launch.Profiles.of(target.file)
+    known = launch_profiles.Profiles.of(target.file)
     for name in known.profiles:
         recipe = launch.resolve(known, name, "i@sha256:" + "0" * 64, launch.Overrides())
         args = recipe.args
@@ -46,7 +46,7 @@ def test_profiles_ask_for_what_they_expect(target_name: str) -> None:
             for key, value in recipe.expect.items():
                 assert asked.get(key) == str(value), f"{name}: expects {key}={value}"
             continue
-        chosen_by_sglang = launch.flattened(known, name).get("chosen_by_sglang", [])
+        chosen_by_sglang = launch_profiles.flattened(known, name).get("chosen_by_sglang", [])
         for key, value in recipe.expect.items():
             flag = "--" + key.replace("_", "-")
             if key == "tp_size":
@@ -174,7 +174,7 @@ def test_jit_list_prints_the_modules_of_each_profile(tmp_path: Path) -> None:
     listed = json.loads(builder.run("jit list", "--target", "sm120", "--json").stdout)
     assert listed["disagreements"] == []
     assert set(listed["profiles"]) == set(
-        launch.load_profiles(data / "images/sm120/target.toml")[0]
+        launch_profiles.load_profiles(data / "images/sm120/target.toml")[0]
     )
     assert (
         "flashinfer.jit.fused_moe:gen_cutlass_fused_moe_sm120_module"

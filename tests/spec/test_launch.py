@@ -12,7 +12,7 @@ import pytest
 
 from builder.core.errors import BuilderError
 from builder.site import deploy
-from builder.spec import launch
+from builder.spec import launch, launch_profiles
 from tests.conftest import REPO_ROOT, Builder
 
 TARGET = REPO_ROOT / "images/sm120-0.5.9/target.toml"
@@ -508,24 +508,29 @@ def test_what_a_container_was_launched_with_reads_back_from_its_labels() -> None
 def test_every_glm5_family_profile_falls_back_to_breakable_decode_graphs() -> None:
     """The default decode capture is `full`; the declared fallback, inherited through
     `extends`, sets the one param to `breakable`, and the recipe it makes asks for it."""
-    known = launch.Profiles.of(CURRENT)
+    known = launch_profiles.Profiles.of(CURRENT)
     assert len(known.profiles) == 7
     for name in known.profiles:
-        assert launch.fallback_params(known, name) == (("cuda_graph_backend_decode", "breakable"),)
-        assert "full decode CUDA-graph capture hung" in launch.fallback_why(known, name)
+        assert launch_profiles.fallback_params(known, name) == (
+            ("cuda_graph_backend_decode", "breakable"),
+        )
+        assert "full decode CUDA-graph capture hung" in launch_profiles.fallback_why(known, name)
         plain = launch.resolve(known, name, IMAGE, launch.Overrides())
         assert _flag(plain.args, "--cuda-graph-backend-decode") == "full"
         fallback = launch.resolve(
-            known, name, IMAGE, launch.Overrides(params=launch.fallback_params(known, name))
+            known,
+            name,
+            IMAGE,
+            launch.Overrides(params=launch_profiles.fallback_params(known, name)),
         )
         assert _flag(fallback.args, "--cuda-graph-backend-decode") == "breakable"
         assert fallback.expect["cuda_graph_backend_decode"] == "breakable"
         with pytest.raises(BuilderError, match="removed tc_piecewise"):  # sglang would exit
             launch.resolve(known, name, IMAGE, launch.Overrides(
                 params=(("cuda_graph_backend_decode", "tc_piecewise"),)))  # fmt: skip
-    old = launch.Profiles.of(TARGET)  # the 0.5.9 stack declares none
-    assert launch.fallback_params(old, "glm5-nvfp4-tp8") == ()
-    assert launch.fallback_why(old, "glm5-nvfp4-tp8") == ""
+    old = launch_profiles.Profiles.of(TARGET)  # the 0.5.9 stack declares none
+    assert launch_profiles.fallback_params(old, "glm5-nvfp4-tp8") == ()
+    assert launch_profiles.fallback_why(old, "glm5-nvfp4-tp8") == ""
 
 
 @pytest.mark.parametrize(
@@ -555,21 +560,21 @@ def test_a_bad_fallback_table_is_refused_when_the_profiles_load(
         text[:start] + f"[profiles.glm5-nvfp4-tp8.fallback]\n{table}\n\n" + text[end:]
     )
     with pytest.raises(BuilderError) as refused:
-        launch.Profiles.of(target)
+        launch_profiles.Profiles.of(target)
     assert str(refused.value).startswith(f"{profiles}: profile 'glm5-nvfp4-tp8' {message}")
     # An image's recipe is not loaded from a file: the table is checked where it is used.
-    from_image = launch.Profiles(tomllib.loads(profiles.read_text())["profiles"],
+    from_image = launch_profiles.Profiles(tomllib.loads(profiles.read_text())["profiles"],
                                  "glm5-nvfp4-tp8", "image:recipe")  # fmt: skip
     with pytest.raises(
         BuilderError, match="image:recipe: profile 'glm5-nvfp4-tp8-pcie-ar' fallback"
     ):
-        launch.fallback_params(from_image, "glm5-nvfp4-tp8-pcie-ar")
+        launch_profiles.fallback_params(from_image, "glm5-nvfp4-tp8-pcie-ar")
 
 
 def test_refusals_and_sglang_s_choices_add_up_through_extends() -> None:
     """The MTP profile adds its own refusals and sglang-chosen keys; its parent's stay."""
-    known = launch.Profiles.of(CURRENT)
-    mtp = launch.flattened(known, "glm52-nvfp4-tp8-mtp")
+    known = launch_profiles.Profiles.of(CURRENT)
+    mtp = launch_profiles.flattened(known, "glm52-nvfp4-tp8-mtp")
     assert {rule["flag"] for rule in mtp["refuse"]} == {
         "--kv-cache-dtype", "--attention-backend", "--cuda-graph-backend-decode",
         "--speculative-eagle-topk",
@@ -603,14 +608,14 @@ def test_a_line_break_from_the_command_line_never_reaches_generated_files(
     assert not out.exists() or not any(out.iterdir())
 
 
-def _recipe_profiles(volumes: list[dict]) -> launch.Profiles:
+def _recipe_profiles(volumes: list[dict]) -> launch_profiles.Profiles:
     """Profiles as an image's recipe carries them (written by whoever pushed the image)."""
     profile = {
         "args": ["--model-path", "{model}", "--port", "{port}"],
         "params": {"model": "org/model", "port": "30000", "cache": "/var/lib/sglang/c"},
         "volumes": volumes,
     }
-    return launch.Profiles({"p": profile}, "p", "registry.example/x@sha256:0:recipe")
+    return launch_profiles.Profiles({"p": profile}, "p", "registry.example/x@sha256:0:recipe")
 
 
 @pytest.mark.parametrize(
@@ -632,7 +637,7 @@ def test_profile_volumes_under_the_state_folder_or_the_operator_s_own_are_mounte
     recipe = launch.resolve(profiles, "p", IMAGE, chosen)
     assert ("/srv/sglang-cache", "/root/.cache/sglang", "rw") in recipe.volumes
     profile = profiles.profiles["p"]
-    root = launch.Profiles(
+    root = launch_profiles.Profiles(
         {"p": {**profile, "params": {**profile["params"], "cache": "/"}}}, "p", "recipe"
     )
     with pytest.raises(BuilderError, match=r"'/' refused: .* \(or --set cache=DIR\)"):
@@ -642,7 +647,7 @@ def test_profile_volumes_under_the_state_folder_or_the_operator_s_own_are_mounte
 def test_a_recipe_s_default_model_cannot_mount_a_host_folder() -> None:
     """A recipe whose default model is `/root/.ssh` mounted it read-only into the server."""
     profile = {"args": ["--model-path", "{model}"], "params": {"model": "/root/.ssh"}}
-    recipe_profiles = launch.Profiles({"p": profile}, "p", "registry.example/x:recipe")
+    recipe_profiles = launch_profiles.Profiles({"p": profile}, "p", "registry.example/x:recipe")
     with pytest.raises(BuilderError, match="a profile does not choose to mount; give --model"):
         launch.resolve(recipe_profiles, "p", IMAGE, launch.Overrides())
     chosen = launch.resolve(recipe_profiles, "p", IMAGE, launch.Overrides(model="/data/GLM-5"))
@@ -805,7 +810,7 @@ def test_a_derived_rule_is_a_param_plus_a_number_or_refused(
     profiles load (an image's recipe included)."""
     profile = {"args": ["--a", "{a}", "--b", "{b}"], "params": {"a": "1", "b": "2"},
                "derived": derived}  # fmt: skip
-    known = launch.Profiles({"p": profile}, "p", "recipe.json")
+    known = launch_profiles.Profiles({"p": profile}, "p", "recipe.json")
     with pytest.raises(BuilderError) as refused:
         launch.resolve(known, "p", IMAGE, launch.Overrides(params=(("a", "4"),)))
     assert message in str(refused.value)

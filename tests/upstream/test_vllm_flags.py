@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.spec import launch
+from builder.spec import launch, launch_profiles
 from builder.upstream import vllm_parser
 from tests.conftest import REPO_ROOT
 from tests.upstreams import fetch_release_file
@@ -25,7 +25,7 @@ except ImportError:  # Python 3.10
 
 PIN = tomllib.loads((REPO_ROOT / "forks/vllm/pin.toml").read_text())
 TARGET = REPO_ROOT / "images/sm120-vllm/target.toml"
-PROFILES = list(launch.load_profiles(TARGET)[0])
+PROFILES = list(launch_profiles.load_profiles(TARGET)[0])
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +52,11 @@ def parsers(vllm_source: Path) -> dict:
 
 def _variants() -> list[tuple[str, tuple]]:
     """Each profile as written, and with its fallback params."""
-    known = launch.Profiles.of(TARGET)
+    known = launch_profiles.Profiles.of(TARGET)
     found = []
     for name in PROFILES:
         found.append((name, ()))
-        fallback = launch.fallback_params(known, name)
+        fallback = launch_profiles.fallback_params(known, name)
         if fallback:
             found.append((name, fallback))
     return found

@@ -28,6 +28,7 @@ doctor = lazy_module("builder.site.doctor")
 doctor_p2p = lazy_module("builder.site.commands.doctor_p2p")
 image_recipe = lazy_module("builder.spec.recipe")
 launch = lazy_module("builder.spec.launch")
+launch_profiles = lazy_module("builder.spec.launch_profiles")
 manifest = lazy_module("builder.spec.manifest")
 packs = lazy_module("builder.spec.jit.packs")
 runtime_jit = lazy_module("builder.site.runtime_jit")
@@ -111,13 +112,13 @@ def cmd_doctor(args: argparse.Namespace) -> None:
             facts = Version(built["target"]["cuda_version"]), built["target"]["arch_list"]
     else:
         target = load_target(resolve_data_dir(args.data_dir), args.target)
-        known = launch.Profiles.of(target.file)
+        known = launch_profiles.Profiles.of(target.file)
         facts = target.cuda_version, target.arch_list
     recipe = profile = None
     tp = 1
     if facts is not None:
         recipe = launch.resolve(known, args.profile, args.image or "-", launch.Overrides())
-        profile = launch.flattened(known, recipe.profile)
+        profile = launch_profiles.flattened(known, recipe.profile)
         tp = _tp_size(recipe.args)
     if args.p2p:
         doctor_p2p.run(args, recipe, tp)
@@ -150,7 +151,7 @@ def cmd_doctor(args: argparse.Namespace) -> None:
         else:
             cuda_version, arch_list = facts
             compute_cap = arch_list[0].rstrip("af")
-            memory = launch.profile_number(
+            memory = launch_profiles.profile_number(
                 profile, "min_gpu_memory_gib", 0, f"profile '{recipe.profile}'"
             )
             findings += doctor.check_gpus(gpus, compute_cap, tp, memory)

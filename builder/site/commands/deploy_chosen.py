@@ -23,7 +23,7 @@ from builder.core.errors import BuilderError
 from builder.core.untrusted import printable
 from builder.site import sweep
 from builder.site.commands.qualify_run import redacted
-from builder.spec import launch
+from builder.spec import launch, launch_profiles
 
 RERUN = "re-run `builder qualify --sweep` with this builder"
 
@@ -265,7 +265,7 @@ def _refuse_contradictions(args: argparse.Namespace, chosen: Chosen) -> None:
     chose = dict(map(tuple, chosen.params))
     for item in args.set:
         named, _, value = item.partition("=")
-        profile, key = launch.split_profile_key(named)
+        profile, key = launch_profiles.split_profile_key(named)
         if profile not in (None, choice["profile"]):
             raise BuilderError(
                 f"--set {item}: {where} chose profile {choice['profile']}, not {profile}"

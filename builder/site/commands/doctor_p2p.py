@@ -20,7 +20,6 @@ from builder.core.untrusted import printable
 
 doctor = lazy_module("builder.site.doctor")
 docker_client = lazy_module("builder.core.docker_client")
-launch = lazy_module("builder.spec.launch")
 manifest = lazy_module("builder.spec.manifest")
 p2p = lazy_module("builder.site.p2p")
 p2p_host = lazy_module("builder.site.p2p_host")

@@ -17,6 +17,7 @@ from builder.spec.target import load_target
 
 image_recipe = lazy_module("builder.spec.recipe")
 launch = lazy_module("builder.spec.launch")
+launch_profiles = lazy_module("builder.spec.launch_profiles")
 manifest = lazy_module("builder.spec.manifest")
 model_check = lazy_module("builder.spec.model_check")
 p2p_record = lazy_module("builder.site.p2p_record")
@@ -85,7 +86,7 @@ def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
     else:
         data_dir = resolve_data_dir(args.data_dir)
         target = load_target(data_dir, args.target)
-        profiles = launch.Profiles.of(target.file)
+        profiles = launch_profiles.Profiles.of(target.file)
         # Profile, params, port and the checkpoint are checked before any manifest is
         # looked for.
         recipe = launch.resolve(profiles, args.profile, "-", overrides)
@@ -134,14 +135,14 @@ def check_checkpoint(recipe: launch.Recipe) -> None:
 
 
 def with_p2p_record(
-    args: argparse.Namespace, recipe: launch.Recipe, profiles: launch.Profiles
+    args: argparse.Namespace, recipe: launch.Recipe, profiles: launch_profiles.Profiles
 ) -> launch.Recipe:
     """The recipe with what `builder doctor --p2p` recorded for this machine (NCCL settings;
     a refused -pcie-ar profile is an error), and one line saying which record, or why none."""
     record_file, disabled = getattr(args, "p2p_record", None), getattr(args, "no_p2p_record", False)
     if record_file and disabled:
         raise BuilderError("--p2p-record and --no-p2p-record: give one")
-    needs = bool(launch.flattened(profiles, recipe.profile).get("needs_peer_access"))
+    needs = bool(launch_profiles.flattened(profiles, recipe.profile).get("needs_peer_access"))
     recipe, line = p2p_record.apply(recipe, needs, record_file, disabled)
     if line:
         progress.info(escape(line))

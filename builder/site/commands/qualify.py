@@ -31,7 +31,6 @@ from builder.spec import engines
 
 docker_client = lazy_module("builder.core.docker_client")
 gsm8k = lazy_module("builder.site.gsm8k")
-launch = lazy_module("builder.spec.launch")
 progress = lazy_module("builder.core.progress")
 receipt_views = lazy_module("builder.site.receipt_views")
 validate = lazy_module("builder.core.validate")

@@ -25,7 +25,8 @@ from builder.spec.target import load_target
 
 if TYPE_CHECKING:
     from builder.site.gsm8k import Dataset
-    from builder.spec.launch import Profiles, Recipe
+    from builder.spec.launch import Recipe
+    from builder.spec.launch_profiles import Profiles
 
 capture = lazy_module("builder.site.capture")
 docker_client = lazy_module("builder.core.docker_client")
@@ -34,6 +35,7 @@ gpu_state = lazy_module("builder.site.gpu_state")
 identity = lazy_module("builder.core.identity")
 image_recipe = lazy_module("builder.spec.recipe")
 launch = lazy_module("builder.spec.launch")
+launch_profiles = lazy_module("builder.spec.launch_profiles")
 packs = lazy_module("builder.spec.jit.packs")
 progress = lazy_module("builder.core.progress")
 qualify = lazy_module("builder.site.qualify")
@@ -191,7 +193,7 @@ def _launched_profile(args, container) -> tuple[str | None, tuple]:
     else:
         profile, params = launch.launched_with(container.labels or {}, params)
     # Recorded as they apply to its profile (PROFILE:KEY=VALUE as KEY=VALUE).
-    return profile, launch.params_for(params, profile) if profile else params
+    return profile, launch_profiles.params_for(params, profile) if profile else params
 
 
 def _profile_recipe(args, image: dict | None, profile: str | None, params: tuple) -> Recipe | None:
@@ -515,11 +517,11 @@ def _fallback(args) -> str:
     launched = getattr(args, "launched", None)
     if not launched:
         return ""
-    params = launch.fallback_params(launched.profiles, launched.recipe.profile)
+    params = launch_profiles.fallback_params(launched.profiles, launched.recipe.profile)
     if not params:
         return f"; profile {launched.recipe.profile} declares no fallback"
     given = " ".join(f"--set {key}={value}" for key, value in params)
-    why = launch.fallback_why(launched.profiles, launched.recipe.profile)
+    why = launch_profiles.fallback_why(launched.profiles, launched.recipe.profile)
     return f"; its fallback: {given}" + (f" ({why})" if why else "")
 
 

@@ -16,17 +16,19 @@ from builder.spec.target import load_target
 
 docker_client = lazy_module("builder.core.docker_client")
 image_recipe = lazy_module("builder.spec.recipe")
-launch = lazy_module("builder.spec.launch")
+launch_profiles = lazy_module("builder.spec.launch_profiles")
 progress = lazy_module("builder.core.progress")
 docker = lazy_module("docker")
 
 
-def profiles_for(args) -> launch.Profiles:
+def profiles_for(args) -> launch_profiles.Profiles:
     """The launch profiles --start and --sweep start from: the image's recipe, else the
     checkout's target."""
     if args.image:
         return image_recipe.profiles_of(image_recipe.launch_recipe(args.image), args.image)
-    return launch.Profiles.of(load_target(resolve_data_dir(args.data_dir), args.target).file)
+    return launch_profiles.Profiles.of(
+        load_target(resolve_data_dir(args.data_dir), args.target).file
+    )
 
 
 def start_and_qualify(args, plan: Plan, out: Path, earlier: list | None = None) -> Checked:

@@ -19,15 +19,15 @@ from builder.site import sweep
 from builder.site.commands.launch_options import check_checkpoint, launch_overrides
 from builder.site.commands.qualify_start import profiles_for, start_and_qualify
 from builder.site.receipt_views import RECEIPT_SCHEMA, plot_compare
-from builder.spec import engines, launch, model_check
+from builder.spec import engines, launch, launch_profiles, model_check
 
 
 def sets_for(items: list[str], name: str) -> list[str]:
     """The --set items for one profile of the sweep: each KEY=VALUE, then its own
     PROFILE:KEY=VALUE without the prefix (they win); other profiles' left out."""
     pairs = [(key, value) for key, _, value in (item.partition("=") for item in items)]
-    own = [(k, v) for k, v in pairs if launch.split_profile_key(k)[0] in (None, name)]
-    return [f"{key}={value}" for key, value in launch.params_for(own, name)]
+    own = [(k, v) for k, v in pairs if launch_profiles.split_profile_key(k)[0] in (None, name)]
+    return [f"{key}={value}" for key, value in launch_profiles.params_for(own, name)]
 
 
 def _with_params(args: argparse.Namespace, name: str, fallback) -> argparse.Namespace:
@@ -60,7 +60,7 @@ def engine_images(items: list[str]) -> dict[str, str]:
     return found
 
 
-def _profiles_of(args: argparse.Namespace, name: str) -> launch.Profiles:
+def _profiles_of(args: argparse.Namespace, name: str) -> launch_profiles.Profiles:
     """The profiles an entry is read from, which must serve with the engine it names."""
     engine, _ = sweep.split_entry(name)
     known = profiles_for(_with_params(args, name, ()))
@@ -72,7 +72,7 @@ def _profiles_of(args: argparse.Namespace, name: str) -> launch.Profiles:
     return known
 
 
-def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, launch.Profiles]]:
+def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, launch_profiles.Profiles]]:
     """The --sweep entries and each one's profiles: every entry resolved with the user's
     --set and again with its fallback, and the checkpoint each would load checked, before
     any data is fetched or server started: a typo or a checkpoint without MTP weights in
@@ -80,7 +80,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, launch.Profi
     names = sweep.profile_names(args.sweep)
     args.engine_images = engine_images(args.engine_image)
     for item in args.set:
-        named, _ = launch.split_profile_key(item.partition("=")[0])
+        named, _ = launch_profiles.split_profile_key(item.partition("=")[0])
         if named is not None and named not in names:
             raise BuilderError(
                 f"--set {item}: profile {named} is not in --sweep ({','.join(names)})"
@@ -92,7 +92,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, launch.Profi
             launch_overrides(_with_params(args, name, params)),
         )
         for name in names
-        for params in ((), launch.fallback_params(known[name], sweep.split_entry(name)[1]))
+        for params in ((), launch_profiles.fallback_params(known[name], sweep.split_entry(name)[1]))
     ]  # fmt: skip
     # Then the checkpoints, each once (a fallback seldom changes what is read of it), and
     # last the warnings: a refusal is the one line a typo gets.
@@ -128,7 +128,7 @@ def _warn_unpinned(recipe: launch.Recipe) -> None:
 
 
 def _qualify_one(
-    args, entry: str, profiles: dict[str, launch.Profiles], plan, folder: Path
+    args, entry: str, profiles: dict[str, launch_profiles.Profiles], plan, folder: Path
 ) -> dict:
     """One --sweep entry: started, qualified, stopped; once more on its fallback after a
     graph-capture hang (the hung start's log kept as server-graph-capture-hang.log)."""
@@ -137,14 +137,14 @@ def _qualify_one(
     startup = checked.receipt["startup"] or {}
     if startup.get("state") != "graph-capture hang":
         return checked.receipt
-    fallback = launch.fallback_params(known, name)
+    fallback = launch_profiles.fallback_params(known, name)
     if not fallback:
         progress.warn(f"{name}: graph-capture hang, and no [profiles.{name}.fallback] to retry")
         return checked.receipt
     hung_log = folder / "server-graph-capture-hang.log"
     if (folder / "server.log").exists():
         (folder / "server.log").replace(hung_log)
-    why = launch.fallback_why(known, name) or "no why given"
+    why = launch_profiles.fallback_why(known, name) or "no why given"
     given = " ".join(f"--set {key}={value}" for key, value in fallback)
     progress.info(
         escape(f"{name}: graph-capture hang; once more with its fallback {given} ({why})")

@@ -4,7 +4,7 @@ against the launch profiles both ways."""
 
 from __future__ import annotations
 
-from builder.spec import launch
+from builder.spec import launch, launch_profiles
 from builder.spec.target import Target
 
 _PLACEHOLDER_IMAGE = "image@sha256:" + "0" * 64
@@ -17,7 +17,7 @@ def _setting(key: str, value: object) -> str:
 def profile_settings(target: Target) -> dict[str, set[str]]:
     """Each profile's settings: `key=value` as its readiness check reads them back,
     `env:NAME=value` from its environment, and `always`."""
-    profiles, _ = launch.load_profiles(target.file)
+    profiles, _ = launch_profiles.load_profiles(target.file)
     settings = {}
     for name in profiles:
         recipe = launch.resolve(target.file, name, _PLACEHOLDER_IMAGE, launch.Overrides())
