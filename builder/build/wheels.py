@@ -158,11 +158,20 @@ def _check_compiles(wheel: Path, patch: PatchFile, archive: zipfile.ZipFile, mem
 
 
 def _members_for(path: str, names: list[str]) -> list[str]:
-    """Wheel members that hold the git file `path` (shipped under another prefix, maybe)."""
-    return [
+    """Wheel members that hold the git file `path` (shipped under another prefix, maybe; a
+    release's `.dist-info/` file in the repacked wheel's own, renamed for the local version)."""
+    found = [
         name
         for name in names
         if name == path or path.endswith("/" + name) or name.endswith("/" + path)
+    ]
+    folder, slash, inner = path.partition("/")
+    if found or not (slash and folder.endswith(".dist-info")):
+        return found
+    return [
+        name
+        for name in names
+        if name.partition("/")[0].endswith(".dist-info") and name.partition("/")[2] == inner
     ]
 
 
