@@ -30,6 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from builder.site import serving_bench  # noqa: E402
+from builder.spec.engines import sglang  # noqa: E402
+
+ENGINE = sglang.ENGINE  # the client this bench runs: sglang's bench_serving
 
 KEY = "serving-bench-check-key"
 MAKE_TOKENIZER = """
@@ -76,7 +79,7 @@ def main() -> int:
         time.sleep(1)
         for concurrency in map(int, args.concurrency.split(",")):
             prompts, input_len, output_len = 4 * concurrency, 128, 16
-            argv = serving_bench.command(
+            argv = ENGINE.bench_command(
                 base_url=f"http://127.0.0.1:{port}", model="standin", tokenizer=str(tokenizer),
                 concurrency=concurrency, prompts=prompts, input_len=input_len,
                 output_len=output_len, seed=serving_bench.level_seed(1, concurrency),
@@ -95,7 +98,7 @@ def main() -> int:
                 continue
             line = json.loads((work / f"c{concurrency}.jsonl").read_text().splitlines()[-1])
             level = serving_bench.level_from_result(
-                {key: line.get(key) for key in serving_bench.RESULT_KEYS},
+                ENGINE.bench_result(line),
                 concurrency, prompts, serving_bench.level_seed(1, concurrency),
             )  # fmt: skip
             level["client_wall_s"] = round(wall, 1)
@@ -113,8 +116,8 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     result = {
         "sglang": version,
-        "module": serving_bench.MODULE,
-        "argv_tail": argv[argv.index(serving_bench.MODULE) + 1 :],
+        "module": ENGINE.bench_module,
+        "argv_tail": argv[argv.index(ENGINE.bench_module) + 1 :],
         "levels": levels,
         "failures": failures,
     }
