@@ -306,9 +306,11 @@ def _walk_add_cli_args(reader: _Reader, module: str, function: ast.FunctionDef) 
             elif (found := _field_of(node.value, sources, fields)) is not None:
                 fields[target.id] = found
     for node in ast.walk(function):
-        if not (isinstance(node.func, ast.Attribute) if isinstance(node, ast.Call) else False):
-            continue
-        if node.func.attr != "add_argument":
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument"
+        ):
             continue
         names = [a.value for a in node.args if isinstance(a, ast.Constant)]
         if not names or not all(isinstance(n, str) for n in names):
@@ -329,8 +331,8 @@ def _walk_add_cli_args(reader: _Reader, module: str, function: ast.FunctionDef) 
         if names[0] == "--all2all-backend":  # arg_utils.py:1173-1176 takes it out
             arms = [(k, tuple(v for v in vs if v != "passthrough")) if k == "literal" else (k, vs)
                     for k, vs in arms]  # fmt: skip
-        if names[0] in ("--speculative-config", "--watermark-config", "--diffusion-config"):
-            pass  # `type` reset to json.loads: the keys are still the config's fields
+        # --speculative-config's `type` is reset to json.loads (arg_utils.py:1895-1910): its
+        # keys are still SpeculativeConfig's fields, as the arms already say.
         reader.add(names, field, arms, origin)
 
 
