@@ -5,13 +5,14 @@ benchmarks/serve.py declares (docs/research/vllm-0.34-b12x.md §6); argparse ref
 other, as the real one does.
 
 It sends --num-prompts random token-id prompts of exactly --random-input-len tokens to
-/v1/completions, streaming, with at most --max-concurrency in flight and the key from
-OPENAI_API_KEY, and reads each request as the real client does: TTFT at the first chunk
-with choices, the tokens from the usage chunk. With --save-result it writes one JSON
-object, as vLLM's json.dump does (no newline), to --result-dir/--result-filename, with the
-real result keys (`e2el` for end-to-end latency, `p99_*` from --metric-percentiles). With
-BENCH_FAIL=1 it dies the way a broken client would; with EXPECT_TOKENIZER it checks the
-tokenizer it was given is the server's.
+/v1/completions, streaming, with at most --max-concurrency in flight, the key from
+OPENAI_API_KEY and a temperature only when --temperature gives one (as 0.34.0's), and reads
+each request as the real client does: TTFT at the first chunk with choices, the tokens from
+the usage chunk. With --save-result it writes one JSON object, as vLLM's json.dump does (no
+newline), to --result-dir/--result-filename, with the real result keys (`e2el` for
+end-to-end latency, `p99_*` from --metric-percentiles). With BENCH_FAIL=1 it dies the way a
+broken client would; with EXPECT_TOKENIZER it checks the tokenizer it was given is the
+server's.
 """
 
 import argparse
@@ -42,6 +43,7 @@ def parse() -> argparse.Namespace:
         parser.add_argument(flag, type=int, required=True)
     for flag in ("--ignore-eos", "--save-result", "--disable-tqdm"):
         parser.add_argument(flag, action="store_true")
+    parser.add_argument("--temperature", type=float)
     return parser.parse_args()
 
 
@@ -56,9 +58,11 @@ def headers() -> dict:
 def one(args: argparse.Namespace, prompt: list[int]) -> tuple[float, float, int]:
     body = {
         "model": args.model, "prompt": prompt, "max_tokens": args.random_output_len,
-        "temperature": 0, "ignore_eos": args.ignore_eos, "stream": True,
+        "ignore_eos": args.ignore_eos, "stream": True,
         "stream_options": {"include_usage": True},
     }  # fmt: skip
+    if args.temperature is not None:  # as the real one: no temperature unless told
+        body["temperature"] = args.temperature
     request = urllib.request.Request(
         args.base_url + "/v1/completions", json.dumps(body).encode(), headers(), method="POST"
     )
@@ -82,6 +86,7 @@ def main() -> None:
         sys.exit("RuntimeError: CUDA error: no kernel image is available for execution")
     assert args.backend == "vllm" and args.dataset_name == "random", args
     assert args.ignore_eos and args.save_result and args.random_range_ratio == "0", args
+    assert args.temperature == 0, args
     assert args.tokenizer == os.environ.get("EXPECT_TOKENIZER", args.tokenizer), args
     rng = random.Random(args.seed)
     prompts = [

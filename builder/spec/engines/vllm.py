@@ -218,7 +218,10 @@ class VllmEngine:
         input_len: int, output_len: int, seed: int, deadline_s: int, output_file: str,
     ) -> list[str]:  # fmt: skip
         """`vllm bench serve` under coreutils' timeout: random prompts of exactly
-        --random-input-len tokens (range ratio 0), the key from OPENAI_API_KEY."""
+        --random-input-len tokens (range ratio 0), greedy as sglang's client and builder's
+        own are (0.34.0's sends no temperature unless told, serve.py:2247-2253, and the
+        server then samples at the checkpoint's generation_config temperature, else 1.0:
+        completion/protocol.py:333), the key from OPENAI_API_KEY."""
         directory, _, filename = output_file.rpartition("/")
         return [
             "timeout", "--signal=INT", "--kill-after=30", str(deadline_s),
@@ -232,6 +235,7 @@ class VllmEngine:
             "--random-output-len", str(output_len),
             "--random-range-ratio", "0",
             "--ignore-eos",
+            "--temperature", "0",
             "--num-prompts", str(prompts),
             "--max-concurrency", str(concurrency),
             "--seed", str(seed),
