@@ -26,6 +26,9 @@ from docker.errors import APIError
 
 from builder.spec.engines import Engine
 
+# The variable both clients read the server's key from (sglang's bench_serving; vLLM's
+# benchmarks/lib/endpoint_request_func.py:169-176): tests/site hold each to its source.
+API_KEY_ENV = "OPENAI_API_KEY"
 # Each package on the module's path in turn: a missing one is exit 3, not an import error.
 _FIND = (
     "import importlib.util, sys; parts = sys.argv[1].split('.'); "
@@ -114,7 +117,7 @@ def run_level(
     output_file = f"/tmp/builder-qualify-{uuid.uuid4().hex[:12]}.jsonl"
     environment = {"HF_HUB_OFFLINE": "1"}  # the server has its tokenizer in the cache
     if api_key:
-        environment["OPENAI_API_KEY"] = api_key
+        environment[API_KEY_ENV] = api_key
     argv = engine.bench_command(
         base_url=base_url, model=model, tokenizer=tokenizer, concurrency=concurrency,
         prompts=prompts, input_len=input_len, output_len=output_len, seed=seed,

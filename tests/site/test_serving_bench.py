@@ -92,7 +92,7 @@ def test_every_key_builder_reads_is_in_the_result_line(bench) -> None:
         pytest.fail(f"sglang {version}: no result dict with output_throughput")
     assert set(SGLANG.bench_result_keys) <= keys, set(SGLANG.bench_result_keys) - keys
     source = ast.unparse(tree)
-    assert "OPENAI_API_KEY" in source  # where builder puts the server's key
+    assert serving_bench.API_KEY_ENV in source  # where builder puts the server's key
 
 
 def test_a_result_line_becomes_a_receipt_level() -> None:
