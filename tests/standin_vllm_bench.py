@@ -41,7 +41,7 @@ def parse() -> argparse.Namespace:
         "--seed",
     ):  # fmt: skip
         parser.add_argument(flag, type=int, required=True)
-    for flag in ("--ignore-eos", "--save-result", "--disable-tqdm"):
+    for flag in ("--ignore-eos", "--save-result", "--disable-tqdm", "--trust-remote-code"):
         parser.add_argument(flag, action="store_true")
     parser.add_argument("--temperature", type=float)
     return parser.parse_args()

@@ -230,6 +230,9 @@ class VllmEngine:
             "--base-url", base_url,
             "--model", model,
             "--tokenizer", tokenizer,
+            # The server runs the checkpoint's code in this container already; without it
+            # the client could not load a tokenizer that ships its own (sglang's trusts).
+            "--trust-remote-code",
             "--dataset-name", "random",
             "--random-input-len", str(input_len),
             "--random-output-len", str(output_len),
