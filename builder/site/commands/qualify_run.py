@@ -373,7 +373,7 @@ def _checks(
     )
     startup: dict = {"state": verdict.state, "message": verdict.message}
     receipt["startup"] = startup
-    hung_at = capture.hang_line(verdict.log_tail) if verdict.state == "stalled" else None
+    hung_at = capture.hang_line(verdict.log_tail, engine) if verdict.state == "stalled" else None
     if hung_at:  # wait-ready's stall message would point at NCCL: this one is capture
         quiet = verdict.message.split(" at stage", 1)[0]
         message = f"{quiet} after capture began: {hung_at!r}{_fallback(args)}"

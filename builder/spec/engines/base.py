@@ -3,6 +3,7 @@ both engines' modules share."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -52,6 +53,10 @@ class Engine(Protocol):
     # The flag whose JSON object overrides the checkpoint's config (index_topk_pattern).
     model_override_flag: str
     bench_result_keys: tuple[str, ...]
+    # Start-up log lines that say a CUDA-graph capture began, and that it ended: a start
+    # that went quiet after a begin line with no end line after it hung in capture.
+    capture_begin: re.Pattern[str]
+    capture_end: re.Pattern[str]
 
     @property
     def stages(self) -> tuple[str, ...]: ...

@@ -49,6 +49,15 @@ class SglangEngine:
         "median_tpot_ms", "p99_tpot_ms", "mean_e2e_latency_ms", "median_e2e_latency_ms",
         "p99_e2e_latency_ms",
     )  # fmt: skip
+    # sglang 0.5.23 logs a line when each capture begins and another when it ends
+    # (srt/model_executor/model_runner_components/cuda_graph_setup.py:684-688 for the
+    # prefill graph, 758-762 for decode: "Capture target decode CUDA graph begin.
+    # backend=full, ...", then "Capture ... CUDA graph end. elapsed=..."), and while decode
+    # capture runs, a progress bar "Capturing batches (bs=... avail_mem=... GB)"
+    # (srt/model_executor/runner/decode_cuda_graph_runner.py:1342-1344). The decode graph's
+    # `full` backend hung there for GLM DSA on RTX PRO 6000 (sglang PR #29580).
+    capture_begin = re.compile(r"Capture [\w ]+? \w+ graph begin\.|Capturing batches \(")
+    capture_end = re.compile(r"Capture [\w ]+? \w+ graph end\.")
 
     @property
     def stages(self) -> tuple[str, ...]:

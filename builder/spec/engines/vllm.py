@@ -91,6 +91,22 @@ class VllmEngine:
         "output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
         "median_tpot_ms", "p99_tpot_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms",
     )  # fmt: skip
+    # 0.34.0's model runner (v1/worker/gpu) captures under a tqdm bar on the global first
+    # rank, "Capturing CUDA graphs (PIECEWISE)" then "(FULL)" (v1/worker/gpu/
+    # cudagraph_utils.py:455-496); the speculator's captures name theirs "Capturing prefill
+    # CUDA graphs (FULL)", "Capturing decode ...", "Capturing multi-module MTP ..."
+    # (spec_decode/autoregressive/speculator.py:139,161, spec_decode/multi_module_mtp/
+    # speculator.py:138, through the same bar). When every graph is captured, it logs
+    # "Graph capturing finished in N secs, took X GiB" (v1/worker/gpu/model_runner.py:
+    # 1141-1221), also after the capture that sizes the graphs' memory before the KV cache
+    # exists (capture_model(profile_only=True), cudagraph_utils.py:1066-1067). A bar's line
+    # ends only when the bar closes, and Docker logs a line once it ends (moby's
+    # daemon/logger/copier.go): a hang inside a capture's first bar leaves no begin line in
+    # the log (a plain stall), one in a later bar (FULL after PIECEWISE, the speculator's
+    # after the model's) is read by the bar closed before it. Encoder graphs (a multimodal
+    # model's; GLM-5 has none) log no begin line at INFO: a hang there is a plain stall.
+    capture_begin = re.compile(r"Capturing [\w .-]*CUDA graphs \((?:PIECEWISE|FULL)\)")
+    capture_end = re.compile(r"Graph capturing finished in ")
 
     @property
     def stages(self) -> tuple[str, ...]:
