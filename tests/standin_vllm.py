@@ -12,8 +12,15 @@ served name, `root` the model), /version, /metrics (`vllm:cache_config_info` and
 spec-decode counters), POST /v1/completions. The key from VLLM_API_KEY (or --api-key)
 guards /v1 only, as vLLM's does. ATTENTION_LOGGED overrides the attention backend it says
 it picked (a server that fell back to another one); DIE_AFTER_SECONDS exits with
-EXIT_CODE mid-start, like a crash. Once it listens it logs vLLM's "Starting vLLM server
-on ..." and uvicorn's "Application startup complete.", the lines qualify times ready by.
+EXIT_CODE mid-start, like a crash. Then it captures CUDA graphs as vLLM's log shows it
+(v1/worker/gpu/cudagraph_utils.py:455-496, model_runner.py:1216-1220): a tqdm bar on
+stderr per mode, PIECEWISE then FULL (updates after a carriage return, the line ended when
+the bar closes), then "Graph capturing finished in ..."; with HANG_AT_CAPTURE=1 it stops
+inside the FULL bar and says nothing more, never listening, as a start that hangs in
+capture. Once it listens it logs vLLM's "Starting vLLM server on ..." and uvicorn's
+"Application startup complete.", the lines qualify times ready by. With
+WRITE_AT_START=PATH[;PATH...] it first writes those files, as b12x, Inductor, Triton or
+DeepGEMM leave a compiled kernel in their cache (they compile only on a GPU: a stand-in).
 
 For `builder qualify` it plays the sglang stand-in's model (standin_sglang.chat_answer:
 the probes' answers, products, counting prompts, GSM8K-shaped questions, needles; with
@@ -207,9 +214,31 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
+def capture_graphs():
+    """The model runner's capture: a bar per mode of 4 graphs, then the finish line."""
+    for mode in ("PIECEWISE", "FULL"):
+        for done in range(4):
+            bar = "#" * (done * 10 // 4)
+            sys.stderr.write(
+                f"\rCapturing CUDA graphs ({mode}): {done * 25:3d}%|{bar:<10}| {done}/4"
+            )
+            sys.stderr.flush()
+            if mode == "FULL" and done == 2 and os.environ.get("HANG_AT_CAPTURE") == "1":
+                while True:  # silent, never serving: SIGTERM ends it
+                    time.sleep(3600)
+            time.sleep(0.05)
+        sys.stderr.write(f"\rCapturing CUDA graphs ({mode}): 100%|##########| 4/4\n")
+        sys.stderr.flush()
+    log("Graph capturing finished in 1 secs, took 0.12 GiB")
+
+
 def main():
     # As uvicorn does, SIGTERM ends it (as PID 1 a process without a handler ignores it).
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    for kernel_file in filter(None, os.environ.get("WRITE_AT_START", "").split(";")):
+        os.makedirs(os.path.dirname(kernel_file), exist_ok=True)
+        with open(kernel_file, "wb") as handle:
+            handle.write(b"\x7fELF stand-in kernel")
     log(config_line())
     started = time.monotonic()
     while time.monotonic() - started < STARTUP:
@@ -222,6 +251,7 @@ def main():
     log(f"Using AttentionBackendEnum.{attention} backend.")
     if flag("--moe-backend"):
         log(f"Using {flag('--moe-backend').upper()} NvFp4 MoE backend.")
+    capture_graphs()
     log(f"Starting vLLM server on http://0.0.0.0:{PORT}")
     # A listen backlog as uvicorn's (2048), not http.server's 5: 32 requests at once connect.
     ThreadingHTTPServer.request_queue_size = 2048

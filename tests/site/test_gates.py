@@ -24,7 +24,7 @@ import pytest
 from builder.core.errors import BuilderError, Unreachable
 from builder.site import capture, gates, gsm8k, sweep
 from builder.site.qualify import Server
-from builder.spec.engines import sglang
+from builder.spec.engines import sglang, vllm
 from tests.conftest import REPO_ROOT
 from tests.services import free_port, wait_for
 from tests.standin_sglang import write_gsm8k_questions
@@ -365,6 +365,7 @@ def test_a_garbling_server_fails_arithmetic_and_identical_stays_checked(local_st
 # --- graph-capture hang ----------------------------------------------------------------------
 
 BEGIN = "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem=9 GB"
+VLLM = vllm.ENGINE
 
 
 @pytest.mark.parametrize(
@@ -378,11 +379,63 @@ BEGIN = "Capture target decode CUDA graph begin. backend=full, num_tokens_per_re
          "Capture target prefill CUDA graph end. elapsed=3 s\n" + BEGIN, BEGIN),
         ("Init torch distributed begin.\n", None),
         ("", None),
+        # vLLM's capture lines are not sglang's
+        ("\rCapturing CUDA graphs (FULL):   0%|          | 0/51\n", None),
     ],
-    ids=["decode-begin", "progress-bar", "ended", "prefill-ended-decode-begun", "nccl", "empty"],
+    ids=["decode-begin", "progress-bar", "ended", "prefill-ended-decode-begun", "nccl", "empty",
+         "vllm-bar"],
 )  # fmt: skip
 def test_a_stall_in_capture_is_a_graph_capture_hang(tail: str, hang: str | None) -> None:
-    assert capture.hang_line(tail) == hang
+    assert capture.hang_line(tail, SGLANG) == hang
+
+
+# vLLM 0.34.0's lines as the container's log holds them: the tqdm bar on stderr, one line per
+# bar (its updates \r-separated, ended when it closes), the finish line from its logger.
+PIECEWISE = (
+    "\rCapturing CUDA graphs (PIECEWISE):   0%|          | 0/35 [00:00<?, ?it/s]"
+    "\rCapturing CUDA graphs (PIECEWISE): 100%|##########| 35/35 [00:07<00:00,  4.9it/s]\n"
+)
+FULL_DONE = (
+    "\rCapturing CUDA graphs (FULL):   0%|          | 0/35 [00:00<?, ?it/s]"
+    "\rCapturing CUDA graphs (FULL): 100%|##########| 35/35 [00:05<00:00,  6.8it/s]\n"
+)
+FINISHED = (
+    "(EngineCore pid=310) INFO 12-07 17:03:11 [model_runner.py:1217] Graph capturing "
+    "finished in 14 secs, took 1.52 GiB\n"
+)
+KV = "(EngineCore pid=310) INFO 12-07 17:03:02 [kv_cache_utils.py:1291] GPU KV cache size: 1,212,416 tokens\n"  # fmt: skip
+FULL_STUCK = "\rCapturing CUDA graphs (FULL):  57%|#####7    | 20/35 [00:03<00:02,  6.1it/s]"
+SPEC_STUCK = "\rCapturing prefill CUDA graphs (FULL):  10%|#         | 1/10 [00:00<00:04]\n"
+
+
+@pytest.mark.parametrize(
+    ("tail", "hang"),
+    [
+        # The FULL bar after the PIECEWISE one: its partial line shown (a 16 KiB one would be)
+        (PIECEWISE + FULL_STUCK, FULL_STUCK.removeprefix("\r")),
+        # ... or held back by Docker until it ends: the closed bar before it says capture
+        (PIECEWISE, "Capturing CUDA graphs (PIECEWISE): 100%|##########| 35/35 [00:07<00:00,  4.9it/s]"),
+        (PIECEWISE + FULL_DONE + FINISHED, None),
+        # the memory-sizing capture finished, the stall is after it (KV cache, warm-up)
+        (PIECEWISE + FULL_DONE + FINISHED + KV, None),
+        # ... then the real capture began and hung
+        (PIECEWISE + FULL_DONE + FINISHED + KV + PIECEWISE + FULL_STUCK,
+         FULL_STUCK.removeprefix("\r")),
+        # the speculator's graphs, after the model's
+        (PIECEWISE + FULL_DONE + SPEC_STUCK, SPEC_STUCK.strip()),
+        (PIECEWISE + FULL_DONE + SPEC_STUCK + FINISHED, None),
+        (KV, None),
+        # sglang's capture lines are not vLLM's
+        (f"{BEGIN}\n", None),
+    ],
+    ids=["full-bar-stuck", "after-piecewise", "finished", "stalled-after-sizing",
+         "real-capture-stuck", "speculator-stuck", "speculator-finished", "no-capture",
+         "sglang-line"],
+)  # fmt: skip
+def test_a_vllm_start_quiet_inside_capture_is_a_graph_capture_hang(
+    tail: str, hang: str | None
+) -> None:
+    assert capture.hang_line(tail, VLLM) == hang
 
 
 # --- the verdict -------------------------------------------------------------------------------

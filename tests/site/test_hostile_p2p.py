@@ -25,6 +25,7 @@ import pytest
 from builder.core import docker_client
 from builder.core.errors import BuilderError
 from builder.site import doctor, p2p_record, p2p_run, runtime_jit
+from builder.spec.engines import sglang
 from builder.spec.jit import packs
 from tests.conftest import REPO_ROOT
 from tests.site.test_harvest import NORM_CALL, _workspace
@@ -543,9 +544,10 @@ def test_a_journal_line_too_long_or_nested_too_deep_is_skipped_in_one_warning(
 
 
 def test_kernel_names_a_server_s_container_chose_are_shown_escaped() -> None:
-    compiled = runtime_jit.RuntimeCompiles({"triton": ["k\x1b[2J"], "deep_gemm": []})
+    caches = sglang.ENGINE.jit_caches
+    compiled = runtime_jit.RuntimeCompiles(caches, {"triton": ["k\x1b[2J"], "deep_gemm": []})
     assert compiled.summary().endswith("(k\\x1b[2J)")
-    unread = runtime_jit.RuntimeCompiles(None, "python3 in the container: \x1b]0;x\x07")
+    unread = runtime_jit.RuntimeCompiles(caches, None, "python3 in the container: \x1b]0;x\x07")
     assert unread.summary().endswith("(python3 in the container: \\x1b]0;x\\x07)")
 
 

@@ -218,7 +218,8 @@ def test_client_image_without_sglang_in_the_container_is_one_line(
          "probe add ('What is 17 + 25? Reply with the number only.'): expected '42'"),
         ({"NEEDLE_LIMIT": "8000"}, (), "correctness", "needle at 16"),
         ({"WRITE_AT_START": "/root/.cache/sglang/deep_gemm/cache/kernel.mqa.1/kernel.cubin"},
-         (), "startup", "1 JIT compiles (deep_gemm: kernel.mqa.1)"),
+         (), "startup", "1 JIT compiles (deep_gemm: kernel.mqa.1); they are on the sglang cache "
+         "volume now: restart and qualify again"),
         ({}, ("--api-key-file", "WRONG"), "startup", "the API key is not the server's"),
     ],
     ids=["garbled-text", "needle-lost-past-top-k", "compiled-at-start", "wrong-key"],

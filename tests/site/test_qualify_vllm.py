@@ -186,6 +186,53 @@ def test_a_vllm_bench_serve_that_fails_fails_qualify_at_throughput(
     )
 
 
+@pytest.mark.docker
+def test_a_vllm_start_quiet_inside_graph_capture_is_a_graph_capture_hang(
+    builder, docker_host, vllm_standin, tmp_path
+) -> None:
+    """The stand-in stops inside the FULL bar: Docker holds that unended line back, the
+    closed PIECEWISE bar before it says capture began, and no "Graph capturing finished"."""
+    url, name = vllm_standin("glm5-nvfp4-tp8", STARTUP_SECONDS="0", HANG_AT_CAPTURE="1")
+    out = tmp_path / "q"
+    result = qualify(
+        builder, docker_host, url, "--container", name, "--profile", "glm5-nvfp4-tp8", *SMALL,
+        "--stall-minutes", "3s", "--gsm8k", "none", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 8, result.stdout + result.stderr
+    startup = receipt_of(out)["startup"]
+    assert startup["state"] == "graph-capture hang"
+    assert startup["capture_line"].startswith("Capturing CUDA graphs (")
+    assert startup["message"].startswith("no new log line for ")
+    assert f"after capture began: {startup['capture_line']!r}" in startup["message"]
+    assert "NCCL" not in startup["message"], "a capture hang is not an NCCL stall"
+    assert "NOT qualified: startup: graph-capture hang: no new log line for " in result.stdout
+
+
+@pytest.mark.docker
+def test_kernels_a_vllm_start_compiled_fail_startup_and_stay_on_the_vllm_volume(
+    builder, docker_host, vllm_standin, tmp_path
+) -> None:
+    url, name = vllm_standin(
+        "glm5-nvfp4-tp8", STARTUP_SECONDS="0",
+        WRITE_AT_START="/root/.cache/vllm/b12x/3f/3f9a0c.o;/root/.cache/vllm/b12x/3f/3f9a0c.json",
+        VLLM_CACHE_ROOT="/root/.cache/vllm", B12X_COMPILE_CACHE_DIR="/root/.cache/vllm/b12x",
+    )  # fmt: skip
+    out = tmp_path / "q"
+    result = qualify(
+        builder, docker_host, url, "--container", name, "--profile", "glm5-nvfp4-tp8", *SMALL,
+        "--gsm8k", "none", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 8, result.stdout + result.stderr
+    receipt = receipt_of(out)
+    assert receipt["startup"]["compiled_at_start"] == {
+        "flashinfer": [], "b12x": ["3f9a0c"], "torch_compile": [], "triton": [], "deep_gemm": [],
+    }  # fmt: skip
+    assert receipt["result"]["message"] == (
+        "1 JIT compiles (b12x: 3f9a0c); they are on the vLLM cache volume now: restart and "
+        "qualify again"
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -11,6 +11,8 @@ dtype, speculative config) to them.
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import pytest
 
@@ -107,6 +109,63 @@ def test_an_api_key_guards_v1_and_the_key_file_opens_it(
     ok = wait(builder, docker_host, url, "--engine", "vllm", "--api-key-file", str(key))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "s3cret-key" not in ok.stdout + ok.stderr
+
+
+# The image's environment (images/sm120-vllm/Dockerfile): every cache on the profile's volume.
+IMAGE_CACHES = {
+    "VLLM_CACHE_ROOT": "/root/.cache/vllm",
+    "B12X_COMPILE_CACHE_DIR": "/root/.cache/vllm/b12x",
+    "TRITON_CACHE_DIR": "/root/.cache/vllm/triton",
+}
+
+
+def test_kernels_vllm_compiled_at_start_are_named_per_cache(
+    builder, docker_host, docker_client, vllm_standin, tmp_path
+) -> None:
+    """The profile keeps vLLM's caches on a host volume, where `docker diff` sees nothing: a
+    kernel file written there by this start counts, one left by an earlier start does not,
+    nor a file that is no kernel (b12x's manifest)."""
+    host_cache = tmp_path / "vllm-cache"
+    earlier = host_cache / "b12x/00/00aa11.o"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_bytes(b"compiled by an earlier start")
+    os.utime(earlier, (time.time() - 3600,) * 2)
+    now = [
+        "/root/.cache/vllm/b12x/3f/3f9a0c.o",
+        "/root/.cache/vllm/b12x/3f/3f9a0c.json",
+        "/root/.cache/vllm/torch_compile_cache/torch_aot_compile/ab12/inductor_cache/xy/cxyabc.py",
+        "/root/.cache/vllm/triton/Q2HX/_topk_kernel.cubin",
+        "/root/.cache/vllm/deep_gemm/cache/kernel.sm120_fp8_paged_mqa_logits.77/kernel.cubin",
+    ]
+    url, name = vllm_standin(
+        "glm5-nvfp4-tp8",
+        {str(host_cache): {"bind": "/root/.cache/vllm", "mode": "rw"}},
+        STARTUP_SECONDS="1", WRITE_AT_START=";".join(now), **IMAGE_CACHES,
+    )  # fmt: skip
+    result = wait(builder, docker_host, url, "--container", name, "--engine", "vllm")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["other_jit_compiled_at_start"] == {
+        "b12x": ["3f9a0c"],
+        "torch_compile": ["cxyabc"],
+        "triton": ["_topk_kernel"],
+        "deep_gemm": ["kernel.sm120_fp8_paged_mqa_logits.77"],
+    }
+    text = builder.run(
+        "wait-ready", url, "--container", name, "--engine", "vllm",
+        env={"DOCKER_HOST": docker_host},
+    ).stdout  # fmt: skip
+    assert (
+        "other JIT kernels compiled at start-up: b12x 1, torch.compile 1, Triton 1, DeepGEMM 1 "
+        "(3f9a0c, _topk_kernel, cxyabc, kernel.sm120_fp8_paged_mqa_logits.77)"
+    ) in text.splitlines()
+    docker_client.containers.get(name).stop(timeout=1)
+    stopped = json.loads(
+        wait(builder, docker_host, url, "--container", name, "--engine", "vllm",
+             "--deadline", "0").stdout
+    )  # fmt: skip
+    assert stopped["other_jit_compiled_at_start"] == dict.fromkeys(
+        ("b12x", "torch_compile", "triton", "deep_gemm")
+    )
 
 
 def test_engine_flag_that_contradicts_the_profile_is_refused(builder) -> None:

@@ -21,6 +21,7 @@ from builder.core.options import (
 from builder.core.settings import resolve_data_dir
 from builder.site.commands.launch_options import say_receipt
 from builder.site.commands.wait_ready import compiled_line, launched_with
+from builder.spec import engines
 from builder.spec.target import load_target
 
 docker_client = lazy_module("builder.core.docker_client")
@@ -192,13 +193,15 @@ def cmd_doctor(args: argparse.Namespace) -> None:
                 f"builder jit harvest --container {args.container}, then builder image",
             )
         )
-        others = runtime_jit.compiled_in_container(container)
+        # The profile's engine; without a recipe to say it, the default one's caches.
+        engine = engines.engine(recipe.engine if recipe else engines.DEFAULT)
+        others = runtime_jit.compiled_in_container(container, engine)
         findings.append(
             doctor.Finding(
                 "other jit",
                 others.by_cache is not None and not others.total,
                 others.summary(),
-                "kept on the profile's sglang cache volume: the next start on this host "
+                f"kept on the profile's {engine.cache_volume}: the next start on this host "
                 "reuses them (if it does not, the volume is missing from the run command)",
             )
         )

@@ -221,8 +221,9 @@ or one it starts itself from an image's launch recipe (--start; stopped afterwar
 order, stopping at the first hard failure with one line that names it:
   verify      the image's own checks (with --image, or a --container of a builder image)
   startup     ready (the --profile's backends), then every JIT compile the start cost,
-              per cache: FlashInfer, DeepGEMM, sglang's JIT, Triton (0 expected); a
-              start that stalls in CUDA-graph capture is a `graph-capture hang`
+              per cache (0 expected): FlashInfer, then the engine's (sglang's DeepGEMM,
+              JIT, Triton; vLLM's b12x, torch.compile, Triton, DeepGEMM); a start that
+              stalls in CUDA-graph capture is a `graph-capture hang`
   correctness the gates, at temperature 0, thinking off: short probes with one right
               answer; a code hidden in filler at each --needles length (past the sparse
               top-k of 2048 tokens); --arithmetic two-digit products from --seed; the

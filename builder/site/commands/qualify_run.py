@@ -373,7 +373,7 @@ def _checks(
     )
     startup: dict = {"state": verdict.state, "message": verdict.message}
     receipt["startup"] = startup
-    hung_at = capture.hang_line(verdict.log_tail) if verdict.state == "stalled" else None
+    hung_at = capture.hang_line(verdict.log_tail, engine) if verdict.state == "stalled" else None
     if hung_at:  # wait-ready's stall message would point at NCCL: this one is capture
         quiet = verdict.message.split(" at stage", 1)[0]
         message = f"{quiet} after capture began: {hung_at!r}{_fallback(args)}"
@@ -393,7 +393,7 @@ def _checks(
     if container:
         try:
             flashinfer = [m.name for m in packs.compiled_in_container(container)]
-            others = runtime_jit.compiled_in_container(container)
+            others = runtime_jit.compiled_in_container(container, engine)
         except docker.errors.APIError as exc:
             run.fail("startup", f"cannot inspect container {args.container}: {exc.explanation}")
         compiled = {"flashinfer": flashinfer, **others.to_json()}
@@ -406,7 +406,7 @@ def _checks(
             fix = (
                 f"builder jit harvest --container {args.container}, then rebuild"
                 if flashinfer
-                else "they are on the sglang cache volume now: restart and qualify again"
+                else f"they are on the {engine.cache_volume} now: restart and qualify again"
             )
             run.fail("startup", f"{sum(map(len, counted.values()))} JIT compiles ({names}); {fix}")
     else:

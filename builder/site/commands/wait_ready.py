@@ -72,10 +72,11 @@ def wait_and_report(
     container: str | None,
     expect: dict,
     deadline_s: float,
-    engine: str = engines.DEFAULT,
+    engine_name: str = engines.DEFAULT,
 ) -> None:
-    """Wait for the `engine` server at `url` (watching `container`, if given), print the
-    verdict and the kernels it compiled at start-up, and exit with the verdict's code."""
+    """Wait for the `engine_name` server at `url` (watching `container`, if given), print
+    the verdict and the kernels it compiled at start-up, and exit with the verdict's code."""
+    engine = engines.engine(engine_name)
     client = None
     if container:
         client = docker_client.connect()
@@ -92,7 +93,7 @@ def wait_and_report(
         poll_s=args.poll,
         stall_s=args.stall_s,
         api_key=read_api_key(args.api_key_file) if args.api_key_file else None,
-        engine=engines.engine(engine),
+        engine=engine,
     )
     result = verdict.to_json()
     compiled = others = None
@@ -100,7 +101,7 @@ def wait_and_report(
         try:
             watched = client.containers.get(container)
             compiled = [m.name for m in packs.compiled_in_container(watched)]
-            others = runtime_jit.compiled_in_container(watched)
+            others = runtime_jit.compiled_in_container(watched, engine)
         except docker.errors.APIError:  # removed (404) or being removed (409): nothing left
             pass
         result["flashinfer_compiled_at_start"] = compiled
@@ -195,8 +196,9 @@ def register(sub) -> None:
         "start-up log. "
         "With --container, a crash is the container exiting, restarting or being removed "
         "(exit code and log tail shown), no new log line for --stall-minutes is a stalled "
-        "start, and the kernels the server compiled at start-up are named (FlashInfer, "
-        "DeepGEMM, sglang's JIT, Triton). Given only --container, the backends are those of "
+        "start, and the kernels the server compiled at start-up are named (FlashInfer, then "
+        "the engine's caches: sglang's DeepGEMM, JIT and Triton; vLLM's b12x, torch.compile, "
+        "Triton and DeepGEMM). Given only --container, the backends are those of "
         "the profile and --set params `launch` started it with (its labels). "
         "Exit codes: 0 ready, 1 bad input, 3 crashed, 4 deadline passed (still loading), "
         "5 up but with other backends than expected, 6 stalled, 9 no Docker daemon.\n\n"

@@ -3,19 +3,27 @@
 What differs between sglang and vLLM lives in one module per engine (sglang.py, vllm.py):
 how a server says it is ready and what it serves, the speculative-decoding flags and
 figures, the benchmark client it ships and the streaming endpoint builder's own client
-measures. Each is pure: it reads answers (HTTP bodies, log text) handed to it and builds
-argument lists and request bodies, so the GPU VM's commands and the tests drive the same
-code. The flag reader of each engine's argument parser is on the upstream
-side (builder/upstream/sglang_parser.py, vllm_parser.py), chosen by the same name.
+measures, the log lines of its CUDA-graph capture and the caches its start-up JITs write.
+Each is pure: it reads answers (HTTP bodies, log text) handed to it and builds argument
+lists and request bodies, so the GPU VM's commands and the tests drive the same code. The
+flag reader of each engine's argument parser is on the upstream side
+(builder/upstream/sglang_parser.py, vllm_parser.py), chosen by the same name.
 """
 
 from __future__ import annotations
 
 from builder.core.errors import BuilderError
-from builder.spec.engines.base import Acceptance, Engine, Probe, flag_value, ready_line_indices
+from builder.spec.engines.base import (
+    Acceptance,
+    Engine,
+    JitCache,
+    Probe,
+    flag_value,
+    ready_line_indices,
+)
 
 __all__ = [
-    "DEFAULT", "NAMES", "Acceptance", "Engine", "Probe", "engine", "flag_value",
+    "DEFAULT", "NAMES", "Acceptance", "Engine", "JitCache", "Probe", "engine", "flag_value",
     "ready_line_indices",
 ]  # fmt: skip
 

@@ -3,6 +3,7 @@ both engines' modules share."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -29,6 +30,21 @@ class Acceptance:
     missing: str = ""  # why there is no length (one line)
 
 
+@dataclass(frozen=True)
+class JitCache:
+    """A folder where a server writes the kernels it compiles at start-up outside FlashInfer.
+    A profile keeps it on a host volume, so a kernel file written there since the container
+    started was compiled by that start."""
+
+    label: str  # as reports print it ("Triton")
+    key: str  # as JSON names it ("triton")
+    suffixes: tuple[str, ...]  # the files in it that are a compiled kernel
+    # Which part of a kernel file's path under the folder names the kernel (1 or -2: its
+    # module, its own folder) when the file is not right in the folder; None: the file's
+    # name less its suffix.
+    name_part: int | None = None
+
+
 class Engine(Protocol):
     name: str  # as target.toml names it
     # What a server of this engine answers while it starts, stage by stage: "port", then
@@ -52,6 +68,14 @@ class Engine(Protocol):
     # The flag whose JSON object overrides the checkpoint's config (index_topk_pattern).
     model_override_flag: str
     bench_result_keys: tuple[str, ...]
+    # Start-up log lines that say a CUDA-graph capture began, and that it ended: a start
+    # that went quiet after a begin line with no end line after it hung in capture.
+    capture_begin: re.Pattern[str]
+    capture_end: re.Pattern[str]
+    # Where it writes the kernels it compiles at start-up outside FlashInfer, in the order
+    # reports list them; `jit_cache_roots` says where each folder is.
+    jit_caches: tuple[JitCache, ...]
+    cache_volume: str  # the profiles' host volume that keeps them, as a message names it
 
     @property
     def stages(self) -> tuple[str, ...]: ...
@@ -105,6 +129,11 @@ class Engine(Protocol):
         """The client's result keys in the names a receipt uses."""
         ...
 
+    def jit_cache_roots(self, env: Mapping[str, str]) -> dict[str, str]:
+        """Each of `jit_caches`' folder (by key) inside a container whose environment is
+        `env`, as the engine resolves it."""
+        ...
+
     def bench_command(
         self, *, base_url: str, model: str, tokenizer: str, concurrency: int, prompts: int,
         input_len: int, output_len: int, seed: int, deadline_s: int, output_file: str,
@@ -120,6 +149,12 @@ def flag_value(args: Sequence[str], flag: str) -> str | None:
         elif word.startswith(f"{flag}="):
             value = word.split("=", 1)[1]
     return value
+
+
+def home_path(env: Mapping[str, str], path: str) -> str:
+    """`path` with a leading `~` as the container's $HOME (root's when it has none)."""
+    home = env.get("HOME") or "/root"
+    return home + path[1:] if path == "~" or path.startswith("~/") else path
 
 
 def ready_line_indices(lines: Sequence[str], ready_lines: Sequence[str]) -> Iterator[int]:

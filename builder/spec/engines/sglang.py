@@ -4,6 +4,13 @@ what it says it serves, its speculative figures and its benchmark client.
 GET /health answers 503 while the model loads, /health_generate runs a real one-token
 generation, and /server_info is the server's own account of what it runs (every setting,
 with what sglang chose for the settings a profile leaves to it).
+
+Its JITs outside FlashInfer write under these folders, as sglang 0.5.23 resolves them
+(`srt/environ.py:1373-1397,2308-2321`, `srt/layers/deep_gemm_wrapper/compile_utils.py:49-51`,
+`kernels/jit/utils/compile/cache.py:318`): DeepGEMM `$DG_JIT_CACHE_DIR`, else
+`$SGLANG_DG_CACHE_DIR`, else `$SGLANG_CACHE_DIR/deep_gemm`; sglang's JIT
+`$SGLANG_JIT_CACHE_DIR`, else `~/.cache/sglang/jit`; Triton `$TRITON_CACHE_DIR`, else
+`$SGLANG_CACHE_DIR/triton`; `$SGLANG_CACHE_DIR` defaults to `~/.cache/sglang`.
 """
 
 from __future__ import annotations
@@ -15,9 +22,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from builder.spec.engines.base import Acceptance, Probe, flag_value
+from builder.spec.engines.base import Acceptance, JitCache, Probe, flag_value, home_path
 
 NAME = "sglang"
+_KERNEL_FILES = (".so", ".cubin")
 _GAUGE = re.compile(r"^(sglang:spec_accept_(?:length|rate))(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
 
 
@@ -49,6 +57,23 @@ class SglangEngine:
         "median_tpot_ms", "p99_tpot_ms", "mean_e2e_latency_ms", "median_e2e_latency_ms",
         "p99_e2e_latency_ms",
     )  # fmt: skip
+    # sglang 0.5.23 logs a line when each capture begins and another when it ends
+    # (srt/model_executor/model_runner_components/cuda_graph_setup.py:684-688 for the
+    # prefill graph, 758-762 for decode: "Capture target decode CUDA graph begin.
+    # backend=full, ...", then "Capture ... CUDA graph end. elapsed=..."), and while decode
+    # capture runs, a progress bar "Capturing batches (bs=... avail_mem=... GB)"
+    # (srt/model_executor/runner/decode_cuda_graph_runner.py:1342-1344). The decode graph's
+    # `full` backend hung there for GLM DSA on RTX PRO 6000 (sglang PR #29580).
+    capture_begin = re.compile(r"Capture [\w ]+? \w+ graph begin\.|Capturing batches \(")
+    capture_end = re.compile(r"Capture [\w ]+? \w+ graph end\.")
+    # DeepGEMM's kernel folder (`cache/kernel.<name>.<hash>/kernel.cubin`), sglang's module
+    # (`<target>/<module>/...`), Triton's kernel (`<hash>/<kernel>.cubin`).
+    jit_caches = (
+        JitCache("DeepGEMM", "deep_gemm", _KERNEL_FILES, name_part=-2),
+        JitCache("sglang JIT", "sglang_jit", _KERNEL_FILES, name_part=1),
+        JitCache("Triton", "triton", _KERNEL_FILES),
+    )
+    cache_volume = "sglang cache volume"
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -150,6 +175,17 @@ class SglangEngine:
 
     def bench_result(self, result: Mapping) -> dict:
         return {key: result.get(key) for key in self.bench_result_keys}
+
+    def jit_cache_roots(self, env: Mapping[str, str]) -> dict[str, str]:
+        sglang_cache = env.get("SGLANG_CACHE_DIR") or "~/.cache/sglang"
+        folders = {
+            "deep_gemm": env.get("DG_JIT_CACHE_DIR")
+            or env.get("SGLANG_DG_CACHE_DIR")
+            or f"{sglang_cache}/deep_gemm",
+            "sglang_jit": env.get("SGLANG_JIT_CACHE_DIR") or "~/.cache/sglang/jit",
+            "triton": env.get("TRITON_CACHE_DIR") or f"{sglang_cache}/triton",
+        }
+        return {key: home_path(env, folder) for key, folder in folders.items()}
 
     def bench_command(
         self, *, base_url: str, model: str, tokenizer: str, concurrency: int, prompts: int,

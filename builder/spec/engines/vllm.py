@@ -12,6 +12,30 @@ its start-up log: the "Initializing a V1 LLM engine" config line (tensor_paralle
 kv_cache_dtype, the kernel config's MoE and linear backends, the speculative config) and
 the backend lines ("Using AttentionBackendEnum.X backend.", "Using B12X NvFp4 MoE
 backend").
+
+What it compiles at start-up outside FlashInfer goes to four folders, as 0.34.0 and b12x
+1.5.1 resolve them (`$VLLM_CACHE_ROOT`, when unset, is `$XDG_CACHE_HOME/vllm`, else
+`~/.cache/vllm`: envs.py:757-762, 361-365).
+- b12x's CuTe DSL kernels (its MoE and NVFP4 GEMMs): `$B12X_COMPILE_CACHE_DIR`, else
+  `$XDG_CACHE_HOME/b12x/compile`, else `~/.cache/b12x/compile` (b12x/_lib/compiler.py:683-690);
+  one `<key[:2]>/<key>.o` per kernel (:2048-2049), beside its `.json` manifest and `.lock`.
+- torch.compile: `$VLLM_CACHE_ROOT/torch_compile_cache`: `torch_aot_compile/<hash>/` with
+  AOT compile (compilation/decorators.py:556-595; the default with torch >= 2.10,
+  envs.py:400-409), else `<hash>/rank_<r>_<dp>/` (compilation/backends.py:1088-1102). vLLM
+  points Inductor's cache into it (TORCHINDUCTOR_CACHE_DIR, `.../inductor_cache`:
+  decorators.py:583-589, compiler_interface.py:31-33), where Inductor writes the code it
+  generates, a `.py` per compiled graph and per Triton kernel (and a `.so` per C++ one);
+  without $TRITON_CACHE_DIR the cubins of its Triton kernels land under it too
+  (compiler_interface.py:34-41 without AOT compile; Inductor's own `triton/` with it).
+- Triton (vLLM's own kernels, b12x's, and Inductor's with $TRITON_CACHE_DIR set):
+  `$TRITON_CACHE_DIR`, else `~/.triton/cache` (Triton's default, as snapshot/runtime.py:93-95
+  reads it); a kernel is `<hash>/<kernel>.cubin`, its launcher a `.so`.
+- DeepGEMM (the DSA indexer's kernels, vLLM's bundled build): `$DG_JIT_CACHE_DIR`, else
+  `$VLLM_CACHE_ROOT/deep_gemm` (utils/deep_gemm.py:339-344); its JIT (third_party/deep_gemm/
+  _C_extension.abi3.so, deep_jit's disk cache) writes a folder per kernel with `kernel.cu`
+  and the `kernel.cubin` compiled from it.
+The sm120-vllm image puts all four under /root/.cache/vllm, the profiles' host volume
+(VLLM_CACHE_ROOT, B12X_COMPILE_CACHE_DIR, TRITON_CACHE_DIR: images/sm120-vllm/Dockerfile).
 """
 
 from __future__ import annotations
@@ -21,7 +45,7 @@ import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from builder.spec.engines.base import Acceptance, Probe, flag_value
+from builder.spec.engines.base import Acceptance, JitCache, Probe, flag_value, home_path
 
 NAME = "vllm"
 _CONFIG_LINE = re.compile(r"Initializing a V1 LLM engine \(v([^)]*)\) with config: (.*)$", re.M)
@@ -91,6 +115,31 @@ class VllmEngine:
         "output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
         "median_tpot_ms", "p99_tpot_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms",
     )  # fmt: skip
+    # 0.34.0's model runner (v1/worker/gpu) captures under a tqdm bar on the global first
+    # rank, "Capturing CUDA graphs (PIECEWISE)" then "(FULL)" (v1/worker/gpu/
+    # cudagraph_utils.py:455-496); the speculator's captures name theirs "Capturing prefill
+    # CUDA graphs (FULL)", "Capturing decode ...", "Capturing multi-module MTP ..."
+    # (spec_decode/autoregressive/speculator.py:139,161, spec_decode/multi_module_mtp/
+    # speculator.py:138, through the same bar). When every graph is captured, it logs
+    # "Graph capturing finished in N secs, took X GiB" (v1/worker/gpu/model_runner.py:
+    # 1141-1221), also after the capture that sizes the graphs' memory before the KV cache
+    # exists (capture_model(profile_only=True), cudagraph_utils.py:1066-1067). A bar's line
+    # ends only when the bar closes, and Docker logs a line once it ends (moby's
+    # daemon/logger/copier.go): a hang inside a capture's first bar leaves no begin line in
+    # the log (a plain stall), one in a later bar (FULL after PIECEWISE, the speculator's
+    # after the model's) is read by the bar closed before it. Encoder graphs (a multimodal
+    # model's; GLM-5 has none) log no begin line at INFO: a hang there is a plain stall.
+    capture_begin = re.compile(r"Capturing [\w .-]*CUDA graphs \((?:PIECEWISE|FULL)\)")
+    capture_end = re.compile(r"Graph capturing finished in ")
+    # The module docstring says where each folder is and what its files are; a b12x or
+    # Inductor kernel is named by its file (a hash), DeepGEMM's by its folder.
+    jit_caches = (
+        JitCache("b12x", "b12x", (".o",)),
+        JitCache("torch.compile", "torch_compile", (".py", ".so", ".cubin")),
+        JitCache("Triton", "triton", (".so", ".cubin")),
+        JitCache("DeepGEMM", "deep_gemm", (".cubin",), name_part=-2),
+    )
+    cache_volume = "vLLM cache volume"
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -212,6 +261,17 @@ class VllmEngine:
             key.replace("_e2el_", "_e2e_latency_"): result.get(key)
             for key in self.bench_result_keys
         }
+
+    def jit_cache_roots(self, env: Mapping[str, str]) -> dict[str, str]:
+        xdg_cache = env.get("XDG_CACHE_HOME") or "~/.cache"
+        vllm_cache = env.get("VLLM_CACHE_ROOT") or f"{xdg_cache}/vllm"
+        folders = {
+            "b12x": env.get("B12X_COMPILE_CACHE_DIR") or f"{xdg_cache}/b12x/compile",
+            "torch_compile": f"{vllm_cache}/torch_compile_cache",
+            "triton": env.get("TRITON_CACHE_DIR") or "~/.triton/cache",
+            "deep_gemm": env.get("DG_JIT_CACHE_DIR") or f"{vllm_cache}/deep_gemm",
+        }
+        return {key: home_path(env, folder) for key, folder in folders.items()}
 
     def bench_command(
         self, *, base_url: str, model: str, tokenizer: str, concurrency: int, prompts: int,
