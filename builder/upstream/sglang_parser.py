@@ -452,9 +452,19 @@ def parser_settings(package_dir: pathlib.Path | PackageFiles) -> dict[str, Any]:
                     and ast.unparse(node.func) == "argparse.ArgumentParser"
                 ):
                     out = {"add_help": True, "allow_abbrev": True, "prefix_chars": "-"}
+                    origin = tree.rel(SERVER_ARGS_MODULE, node.lineno)
                     for k in node.keywords:
-                        out[k.arg] = ast.literal_eval(k.value)
-                    out["origin"] = tree.rel(SERVER_ARGS_MODULE, node.lineno)
+                        try:
+                            out[k.arg] = ast.literal_eval(k.value)
+                        except ValueError:
+                            # formatter_class=argparse.RawTextHelpFormatter, **kwargs...: a
+                            # setting the flag table needs must be a literal; the rest are not
+                            # read.
+                            if k.arg in out:
+                                raise ExtractionError(
+                                    f"{origin}: ArgumentParser({k.arg}=...) is not a literal"
+                                ) from None
+                    out["origin"] = origin
                     return out
     raise ExtractionError("prepare_server_args / ArgumentParser not found")
 
