@@ -154,7 +154,8 @@ def apply_series(checkout: Checkout, series: str, patch_files: list[Path]) -> Fo
     parent = repo.get(checkout.commit)
     base_time = parent.commit_time
     try:
-        with progress.task(f"patch {checkout.name} ({len(patches)} patches)", len(patches)) as bar:
+        counted = f"{len(patches)} patch{'' if len(patches) == 1 else 'es'}"
+        with progress.task(f"patch {checkout.name} ({counted})", len(patches)) as bar:
             for number, patch in enumerate(patches, 1):
                 _apply_one(repo, patch)
                 tree = repo.index.write_tree()
