@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,8 +69,9 @@ class Upstreams:
 # `scripts/test` runs three pytest workers (`-n 3 --dist loadgroup`), and all use one Docker
 # engine (tests/services.py `once_per_run`): one copy of the test runtime's gigabytes, built
 # once. The engine's tests are three groups, each run in order by one worker: the kernel
-# sharing tests (their images under a repository of their own), the current stack's image
-# (its own repository too: a third of the engine's work in one test) and all the others.
+# sharing tests (their images under a repository of their own), the current stack's images
+# (sm120's, then sm120-vllm's on its runtime layer; their own repositories too: a third of
+# the engine's work in two tests) and all the others.
 # Every other module is a group of its own (its module fixtures made once). The long groups
 # are handed out first, so that the short ones fill in around them (longest first: the run
 # ends when its last group does); xdist's own order, most tests first, would leave the
@@ -82,6 +84,7 @@ _ENGINE_ITSELF = {"docker_host", "docker_client"}
 _ENGINE_GROUPS = {
     "tests.build.test_current_stack": "docker-engine-current-stack",
     "tests.build.test_kernels_shared": "docker-engine-kernels-shared",
+    "tests.build.test_vllm_image": "docker-engine-current-stack",
 }
 _LONGEST_FIRST = ["docker-engine-current-stack", "docker-engine", "docker-engine-kernels-shared"]
 _SHARED_KEY = pytest.StashKey[Path]()
@@ -401,6 +404,35 @@ def current_stack_wheels() -> Path:
         }
 
     return Path(once_per_run("current-stack-wheels", download)["path"])
+
+
+# The suite's base is Debian trixie (Python 3.13): no Python 3.12 base can be made here
+# (Debian's mirror has none, PyPI has no interpreter). A site on a Python 3.13 base re-pins
+# the release to its cp313 file, as sm120's image test does: file, sha256 and the commit
+# builder names for it. vLLM's release is one abi3 file for every Python.
+CP313_RELEASE = "sglang-0.5.23-cp313-cp313-manylinux_2_34_x86_64.whl"
+VLLM_PIN = tomllib.loads((REPO_ROOT / "forks/vllm/pin.toml").read_text())
+
+
+@pytest.fixture(scope="session")
+def current_stack_index(current_stack_wheels: Path, tmp_path_factory) -> int:
+    """One loopback index for the current stack's images: the releases builder downloads
+    through --mirror (sglang's cp313 wheel, vLLM's), and the runtime stage's wheels (PyPI's
+    torch 2.7.1: flashinfer 0.7.2 needs torch >= 2.7, newer than the test base's). Its URL
+    is a build argument of the runtime stage: one index for both targets, so the second
+    image takes the first one's 3 GB runtime layer (another lock, another layer than the
+    test image's, so neither waits for the other). Returns its port."""
+    from tests.services import start_pypiserver
+    from tests.upstreams import fetch_release_file
+
+    releases = tmp_path_factory.mktemp("current-stack-releases")
+    shutil.copy(fetch_release_file("sglang", CP313_RELEASE), releases)
+    shutil.copy(fetch_release_file("vllm", VLLM_PIN["ref"]), releases)
+    process, port = start_pypiserver(
+        [releases, current_stack_wheels], releases.parent / "current-stack-index.log"
+    )
+    yield port
+    process.terminate()
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ from builder.spec import launch, launch_profiles
 from builder.spec.target import load_target
 from builder.upstream import sglang_parser
 from builder.upstream.jit_generators import check_generators
-from tests.conftest import REPO_ROOT, Builder, seed_cache
+from tests.conftest import CP313_RELEASE, REPO_ROOT, Builder, seed_cache
 from tests.services import (
     CURRENT_STACK_RUNTIME_LOCK,
     TEST_PYTHON,
@@ -464,13 +464,18 @@ def test_the_series_moves_to_a_new_release_with_builder_s_own_tools(
         process.terminate()
 
 
-# The suite's base is Debian trixie (Python 3.13): no Python 3.12 base can be made here
-# (Debian's mirror has none, PyPI has no interpreter). A site on a Python 3.13 base re-pins
-# the release to its cp313 file, as this test does: file, sha256 and the commit builder
-# names for it.
-CP313_RELEASE = "sglang-0.5.23-cp313-cp313-manylinux_2_34_x86_64.whl"
 PCIE_IPC = "flashinfer.jit.comm:gen_pcie_ipc_comm_module"
 OWN_REPOSITORY = "sglang-sm120-current-stack"
+
+
+def current_stack_image_args(test_base: str, port: int) -> list[str]:
+    """`builder image` on the test base with the current stack's runtime lock from
+    `current_stack_index`, compiling one module (pcie_ipc_comm: one translation unit)."""
+    from tests.conftest import image_args
+
+    index_url = f"http://127.0.0.1:{port}/simple/"
+    runtime = (index_url, CURRENT_STACK_RUNTIME_LOCK)
+    return image_args(test_base, runtime, "--json", "--jit-modules", PCIE_IPC)
 
 
 def _release_extensions(wheel: Path) -> dict[str, str]:
@@ -491,64 +496,51 @@ def test_the_current_stack_builds_into_an_image(
     docker_host: str,
     docker_client,
     test_base: str,
-    current_stack_wheels: Path,
+    current_stack_index: int,
 ) -> None:
     """`builder image --target sm120` on the real engine: sglang 0.5.23 from its released
     wheel (re-pinned to the cp313 file for the suite's Python 3.13 base), flashinfer 0.7.2
     from git, one module of the target's list (pcie_ipc_comm) compiled with nvcc 13 for the
     target's 12.0f and checked to load from the kernel wheel. The runtime stage installs
-    tests/data/current-stack-runtime-lock.txt (PyPI's torch 2.7.1: flashinfer 0.7.2 needs
-    torch >= 2.7, newer than the test base's); the target's own lock is checked against
-    these wheels by the test above, served by this test's own index beside the release (no
-    other image needs them). The flashinfer mirror and wheel are the run's ones
-    (`flashinfer_wheel`), built before the test base is asked for: on a cold machine while
-    another worker makes it."""
+    tests/data/current-stack-runtime-lock.txt from `current_stack_index`; the target's own
+    lock is checked against these wheels by the test above. The flashinfer mirror and wheel
+    are the run's ones (`flashinfer_wheel`), built before the test base is asked for: on a
+    cold machine while another worker makes it."""
     import pygit2
 
     from builder.build.release import import_wheel
-    from tests.conftest import image_args, validate_manifest
+    from tests.conftest import validate_manifest
 
     release = fetch_release_file("sglang", CP313_RELEASE)
     release_sha256 = hashlib.sha256(release.read_bytes()).hexdigest()
     release_commit = import_wheel(
         pygit2.init_repository(tmp_path / "import", bare=True), release, release_sha256
     )
-    packages = tmp_path / "index"
-    packages.mkdir()
-    shutil.copy(release, packages)
-    # One index for the release (builder's --mirror) and the runtime stage's wheels: a
-    # runtime layer of its own (another lock), so it need not wait for the test image's.
-    process, port = start_pypiserver([packages, current_stack_wheels], tmp_path / "pypiserver.log")
-    try:
-        builder = _builder(tmp_path, f"https://pypi.org/simple=http://127.0.0.1:{port}/simple")
-        builder.env["DOCKER_HOST"] = docker_host
-        pin = builder.data_dir / "forks/sglang/pin.toml"
-        text = pin.read_text()
-        for field, value in (("ref", CP313_RELEASE), ("sha256", release_sha256),
-                             ("commit", release_commit)):  # fmt: skip
-            text = text.replace(f'{field} = "{PIN[field]}"', f'{field} = "{value}"')
-        pin.write_text(text)
-        target = builder.data_dir / "images/sm120/target.toml"
-        # A repository of its own: this test runs beside the engine's other tests, which
-        # count sglang-sm120's tags and containers (tests/conftest.py).
-        target.write_text(
-            target.read_text()
-            .replace('python = "3.12"', f'python = "{TEST_PYTHON}"')
-            .replace('repository = "sglang-sm120"', f'repository = "{OWN_REPOSITORY}"')
-        )
-        mirror, flashinfer_commit = flashinfer_upstream
-        flashinfer_pin = builder.data_dir / "forks/flashinfer/pin.toml"
-        flashinfer_pin.write_text(
-            flashinfer_pin.read_text().replace(FLASHINFER_PIN["commit"], flashinfer_commit)
-        )
-        seed_from_the_run(builder, flashinfer_wheel, "mirrors", "wheels")
-        index_url = f"http://127.0.0.1:{port}/simple/"
-        args = image_args(
-            test_base, (index_url, CURRENT_STACK_RUNTIME_LOCK), "--json", "--jit-modules", PCIE_IPC
-        )
-        result = json.loads(builder.run(*args, "--mirror", mirror).stdout)
-    finally:
-        process.terminate()
+    port = current_stack_index
+    builder = _builder(tmp_path, f"https://pypi.org/simple=http://127.0.0.1:{port}/simple")
+    builder.env["DOCKER_HOST"] = docker_host
+    pin = builder.data_dir / "forks/sglang/pin.toml"
+    text = pin.read_text()
+    for field, value in (("ref", CP313_RELEASE), ("sha256", release_sha256),
+                         ("commit", release_commit)):  # fmt: skip
+        text = text.replace(f'{field} = "{PIN[field]}"', f'{field} = "{value}"')
+    pin.write_text(text)
+    target = builder.data_dir / "images/sm120/target.toml"
+    # A repository of its own: this test runs beside the engine's other tests, which
+    # count sglang-sm120's tags and containers (tests/conftest.py).
+    target.write_text(
+        target.read_text()
+        .replace('python = "3.12"', f'python = "{TEST_PYTHON}"')
+        .replace('repository = "sglang-sm120"', f'repository = "{OWN_REPOSITORY}"')
+    )
+    mirror, flashinfer_commit = flashinfer_upstream
+    flashinfer_pin = builder.data_dir / "forks/flashinfer/pin.toml"
+    flashinfer_pin.write_text(
+        flashinfer_pin.read_text().replace(FLASHINFER_PIN["commit"], flashinfer_commit)
+    )
+    seed_from_the_run(builder, flashinfer_wheel, "mirrors", "wheels")
+    args = current_stack_image_args(test_base, port)
+    result = json.loads(builder.run(*args, "--mirror", mirror).stdout)
 
     image = result["image"]
     assert image["reference"].startswith(f"{OWN_REPOSITORY}:"), image["reference"]
