@@ -475,9 +475,9 @@ def assemble_cuda_toolkit(destination: Path) -> Path:
 
 
 def _base_archive(workdir: Path) -> Path:
-    """The test base's root filesystem as one tar (`docker import`'s input), made once per
-    machine and kept beside the root filesystem it is made from, keyed by the base's tag,
-    that root filesystem, the CUDA toolkit's pins and this host's CA bundle."""
+    """The test base's root filesystem as one tar (its one layer, tests/base_image.py), made
+    once per machine and kept beside the root filesystem it is made from, keyed by the
+    base's tag, that root filesystem, the CUDA toolkit's pins and this host's CA bundle."""
     rootfs = _bootstrap(workdir)
     ca_bundle = Path("/etc/ssl/certs/ca-certificates.crt")
     key = hashlib.sha256(
@@ -501,41 +501,66 @@ def _base_archive(workdir: Path) -> Path:
     partial = archive.with_name(f".{archive.name}-{os.getpid()}")
     shutil.move(image_tar, partial)
     partial.replace(archive)
-    _remove_earlier(archive, key)
+    for kept in (
+        archive,
+        archive.with_name(f"{archive.name}.gz"),
+        archive.with_name(f"{archive.name}.gz.json"),
+    ):
+        _remove_earlier(kept, key)  # an earlier base's archive and layer (tests/base_image.py)
     return archive
+
+
+# What `docker import` would set: CUDA's tools on PATH, and (as in NVIDIA's CUDA images) the
+# runtime on the loader path, so a FlashInfer module (linked to libcudart.so.13) loads
+# without a GPU.
+TEST_BASE_ENV = [
+    "PATH=/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "CUDA_HOME=/usr/local/cuda",
+    "LD_LIBRARY_PATH=/usr/local/cuda/lib",
+]
+
+
+def _serve_test_base(folder: Path) -> dict:
+    """The run's loopback registry holding the test base (tests/base_image.py)."""
+    from tests import base_image
+
+    layer = base_image.gzipped_layer(_base_archive(folder))
+    process, port = start_registry(folder / "registry", base_image.USER, base_image.PASSWORD)
+    reference = base_image.publish(
+        f"127.0.0.1:{port}", TEST_BASE.split(":")[1], layer, TEST_BASE_ENV
+    )
+    return {"reference": reference, "layer": layer, "pids": [process.pid], "remove": [str(folder)]}
+
+
+def served_base_layer() -> dict:
+    """The test base's layer as the run's registry serves it (for `base_image.seed_layer`)."""
+    return once_per_run("test-base-registry", _serve_test_base)["layer"]
 
 
 def build_test_base(client, workdir: Path) -> str:
     """Debian + Python + g++ + Debian's CPU torch + a CUDA 13 toolkit from NVIDIA's PyPI
-    wheels: enough for a real `docker build` to compile FlashInfer modules for sm_120a. Nothing from this host
-    but its CA bundle (it trusts the TLS-re-signing proxy in front of PyPI). The archive is
-    made once per machine (`_base_archive`): a second engine imports the same one."""
+    wheels: enough for a real `docker build` to compile FlashInfer modules for sm_120a.
+    Nothing from this host but its CA bundle (it trusts the TLS-re-signing proxy in front of
+    PyPI). The archive is made once per machine (`_base_archive`). In a test run every engine
+    pulls it from the run's registry (tests/base_image.py says why); a bench imports it."""
     from docker.errors import ImageNotFound
+
+    from tests import base_image
 
     try:
         client.images.get(TEST_BASE)
         return TEST_BASE
     except ImageNotFound:
         pass
-    if SHARED_DIR_ENV in os.environ:  # one maker at a time: the second engine imports it too
-        made = once_per_run(
-            "test-base-archive",
-            lambda folder: {"path": str(_base_archive(folder)), "remove": [str(folder)]},
-        )
-        image_tar = Path(made["path"])
-    else:
-        image_tar = _base_archive(workdir)
-    with image_tar.open("rb") as handle:
+    repository, tag = TEST_BASE.split(":")
+    if SHARED_DIR_ENV in os.environ:  # one maker at a time; every engine pulls the same
+        reference = once_per_run("test-base-registry", _serve_test_base)["reference"]
+        login = {"username": base_image.USER, "password": base_image.PASSWORD}
+        client.images.pull(reference, auth_config=login).tag(repository, tag)
+        client.images.remove(reference)  # the run's registry's name for it, not the image
+        return TEST_BASE
+    with _base_archive(workdir).open("rb") as handle:
         client.api.import_image_from_data(
-            handle,
-            repository=TEST_BASE.split(":")[0],
-            tag=TEST_BASE.split(":")[1],
-            changes=[
-                "ENV PATH=/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "ENV CUDA_HOME=/usr/local/cuda",
-                # As in NVIDIA's CUDA images, the runtime is on the loader path: a FlashInfer
-                # module (linked to libcudart.so.13) loads without a GPU.
-                "ENV LD_LIBRARY_PATH=/usr/local/cuda/lib",
-            ],
+            handle, repository=repository, tag=tag, changes=[f"ENV {e}" for e in TEST_BASE_ENV]
         )
     return TEST_BASE

@@ -18,6 +18,7 @@ import pytest
 
 from builder.spec import lockfile
 from builder.spec.target import load_target
+from tests.base_image import seed_layer
 from tests.conftest import (  # noqa: F401 (image_args and WARM_MODULES: imported from here)
     IMAGE_REPOSITORY,
     REGISTRY_PASSWORD,
@@ -36,7 +37,7 @@ from tests.conftest import (  # noqa: F401 (image_args and WARM_MODULES: importe
     seed_cache,
     validate_manifest,
 )
-from tests.services import IMAGE_RUNTIME_LOCK, IMAGE_RUNTIME_REQUIREMENTS
+from tests.services import IMAGE_RUNTIME_LOCK, IMAGE_RUNTIME_REQUIREMENTS, served_base_layer
 
 pytestmark = pytest.mark.docker
 
@@ -236,8 +237,12 @@ def test_sglang_patch_change_rebuilds_only_the_server_stage(
 def test_push_with_auth_then_pull_by_digest(
     built, docker_client, registry, test_base, runtime_index
 ) -> None:
+    """The base's layer is in the registry beforehand, as a site's base image's layers are
+    once anything built on it was pushed there (tests/base_image.py): the push compresses
+    and sends builder's own layers, not the test base's 1.3 GB."""
     builder, image, _ = built
     repository = f"{registry}/ml/sglang-sm120"
+    seed_layer(served_base_layer(), registry, "ml/sglang-sm120", (REGISTRY_USER, REGISTRY_PASSWORD))
     args = image_args(test_base, runtime_index, "--push", repository, "--tag", "rc-1", "--json")
     result = builder.run(*args, env=REGISTRY_ENV)
     assert REGISTRY_PASSWORD not in result.stdout + result.stderr
