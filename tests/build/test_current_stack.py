@@ -468,14 +468,14 @@ PCIE_IPC = "flashinfer.jit.comm:gen_pcie_ipc_comm_module"
 OWN_REPOSITORY = "sglang-sm120-current-stack"
 
 
-def current_stack_image_args(test_base: str, port: int) -> list[str]:
+def current_stack_image_args(test_base: str, port: int, module: str = PCIE_IPC) -> list[str]:
     """`builder image` on the test base with the current stack's runtime lock from
-    `current_stack_index`, compiling one module (pcie_ipc_comm: one translation unit)."""
+    `current_stack_index`, compiling one module."""
     from tests.conftest import image_args
 
     index_url = f"http://127.0.0.1:{port}/simple/"
     runtime = (index_url, CURRENT_STACK_RUNTIME_LOCK)
-    return image_args(test_base, runtime, "--json", "--jit-modules", PCIE_IPC)
+    return image_args(test_base, runtime, "--json", "--jit-modules", module)
 
 
 def _release_extensions(wheel: Path) -> dict[str, str]:
