@@ -13,6 +13,7 @@ import csv
 import hashlib
 import io
 import json
+import re
 import shutil
 import tarfile
 import tomllib
@@ -478,6 +479,41 @@ def current_stack_image_args(test_base: str, port: int, module: str = PCIE_IPC) 
     return image_args(test_base, runtime, "--json", "--jit-modules", module)
 
 
+def own_target(builder: Builder, target: str, repository: str) -> None:
+    """`target` on the suite's Python, its image under `repository`: a repository of its own,
+    since these tests run beside the engine's other tests, which count sglang-sm120's tags
+    and containers (tests/conftest.py)."""
+    path = builder.data_dir / f"images/{target}/target.toml"
+    text = path.read_text()
+    assert 'python = "3.12"' in text and "\nrepository = " in text, path
+    text = text.replace('python = "3.12"', f'python = "{TEST_PYTHON}"')
+    path.write_text(re.sub(r'(?m)^repository = "[^"]*"', f'repository = "{repository}"', text))
+
+
+def what_the_image_holds(docker_client, reference: str, server: str, module_call: str) -> dict:
+    """In a container of the image, offline and with FlashInfer's JIT off: the versions of
+    `server` and FlashInfer, the server's requirements, the sha256 of each of its compiled
+    extensions, whether `module_call` (a FlashInfer generator call) resolves to the kernel
+    wheel, and the engine the image's recipe names."""
+    module, call = module_call.split(":", 1)
+    script = (
+        "import hashlib, importlib.metadata as m, json, os\n"
+        "os.environ['FLASHINFER_DISABLE_JIT'] = '1'\n"
+        f"import {module} as generators\n"
+        f"spec = generators.{call}\n"
+        "so = {str(f): hashlib.sha256(f.locate().read_bytes()).hexdigest()\n"
+        f"      for f in m.files({server!r}) if f.suffix == '.so'}}\n"
+        "recipe = json.load(open('/opt/builder/recipe.json'))\n"
+        f"print(json.dumps({{'versions': {{d: m.version(d) for d in ({server!r}, 'flashinfer-python')}},\n"
+        f"                  'requires': m.requires({server!r}), 'so': so, 'aot': spec.is_aot,\n"
+        "                  'aot_path': str(spec.aot_path), 'engine': recipe['target'].get('engine')}))\n"
+    )
+    output = docker_client.containers.run(
+        reference, entrypoint=["python", "-c", script], remove=True, network_mode="none"
+    )
+    return json.loads(output.decode())
+
+
 def _release_extensions(wheel: Path) -> dict[str, str]:
     """{path: sha256} of the release's compiled extensions."""
     with zipfile.ZipFile(wheel) as archive:
@@ -525,14 +561,7 @@ def test_the_current_stack_builds_into_an_image(
                          ("commit", release_commit)):  # fmt: skip
         text = text.replace(f'{field} = "{PIN[field]}"', f'{field} = "{value}"')
     pin.write_text(text)
-    target = builder.data_dir / "images/sm120/target.toml"
-    # A repository of its own: this test runs beside the engine's other tests, which
-    # count sglang-sm120's tags and containers (tests/conftest.py).
-    target.write_text(
-        target.read_text()
-        .replace('python = "3.12"', f'python = "{TEST_PYTHON}"')
-        .replace('repository = "sglang-sm120"', f'repository = "{OWN_REPOSITORY}"')
-    )
+    own_target(builder, TARGET, OWN_REPOSITORY)
     mirror, flashinfer_commit = flashinfer_upstream
     flashinfer_pin = builder.data_dir / "forks/flashinfer/pin.toml"
     flashinfer_pin.write_text(
@@ -572,28 +601,14 @@ def test_the_current_stack_builds_into_an_image(
     # In the image: both fork wheels installed, the release's Rust extensions byte for byte,
     # and the module resolved from the kernel wheel with JIT disabled (loading it needs a
     # driver: it links libcuda).
-    script = (
-        "import hashlib, importlib.metadata as m, json, os\n"
-        "os.environ['FLASHINFER_DISABLE_JIT'] = '1'\n"
-        "from flashinfer.jit.comm import gen_pcie_ipc_comm_module\n"
-        "spec = gen_pcie_ipc_comm_module()\n"
-        "so = {str(f): hashlib.sha256(f.locate().read_bytes()).hexdigest()\n"
-        "      for f in m.files('sglang') if f.suffix == '.so'}\n"
-        "print(json.dumps({'versions': {d: m.version(d) for d in ('sglang', 'flashinfer-python')},\n"
-        "                  'so': so, 'aot': spec.is_aot, 'aot_path': str(spec.aot_path)}))\n"
-    )
-    found = json.loads(
-        docker_client.containers.run(
-            image["reference"], entrypoint=["python", "-c", script], remove=True,
-            network_mode="none",
-        ).decode()
-    )  # fmt: skip
+    found = what_the_image_holds(docker_client, image["reference"], "sglang", PCIE_IPC + "()")
     assert found["versions"] == {
         "sglang": wheels["sglang"]["version"],
         "flashinfer-python": wheels["flashinfer"]["version"],
     }
     extensions = _release_extensions(release)
     assert len(extensions) >= 2 and found["so"] == extensions
+    assert found["engine"] is None  # an sglang image's recipe is as before the second engine
     assert found["aot"] and found["aot_path"].endswith(
         "/flashinfer_jit_cache/jit_cache/pcie_ipc_comm/pcie_ipc_comm.so"
     )

@@ -27,10 +27,11 @@ from tests.build.test_current_stack import (
     _builder,
     _release_extensions,
     current_stack_image_args,
+    own_target,
     seed_from_the_run,
+    what_the_image_holds,
 )
 from tests.conftest import REPO_ROOT, VLLM_PIN, validate_manifest
-from tests.services import TEST_PYTHON
 from tests.upstreams import fetch_release_file
 
 pytestmark = pytest.mark.docker
@@ -68,12 +69,7 @@ def test_sm120_vllm_builds_into_an_image(
     port = current_stack_index
     builder = _builder(tmp_path, f"https://pypi.org/simple=http://127.0.0.1:{port}/simple")
     builder.env.update({"DOCKER_HOST": docker_host, "BUILDER_TARGET": TARGET})
-    target = builder.data_dir / f"images/{TARGET}/target.toml"
-    target.write_text(
-        target.read_text()
-        .replace('python = "3.12"', f'python = "{TEST_PYTHON}"')
-        .replace('repository = "vllm-sm120"', f'repository = "{OWN_REPOSITORY}"')
-    )
+    own_target(builder, TARGET, OWN_REPOSITORY)
     mirror, flashinfer_commit = flashinfer_upstream
     fork_pin = builder.data_dir / "forks/flashinfer-0.7.4/pin.toml"
     text = fork_pin.read_text()
@@ -111,24 +107,7 @@ def test_sm120_vllm_builds_into_an_image(
     assert "8000/tcp" in config["ExposedPorts"], config
     assert "VLLM_CACHE_ROOT=/root/.cache/vllm" in config["Env"], config["Env"]
 
-    script = (
-        "import hashlib, importlib.metadata as m, json, os\n"
-        "os.environ['FLASHINFER_DISABLE_JIT'] = '1'\n"
-        "from flashinfer.jit.activation import gen_act_and_mul_module\n"
-        "spec = gen_act_and_mul_module('gelu_tanh')\n"
-        "so = {str(f): hashlib.sha256(f.locate().read_bytes()).hexdigest()\n"
-        "      for f in m.files('vllm') if f.suffix == '.so'}\n"
-        "recipe = json.load(open('/opt/builder/recipe.json'))\n"
-        "print(json.dumps({'versions': {d: m.version(d) for d in ('vllm', 'flashinfer-python')},\n"
-        "                  'requires': m.requires('vllm'), 'so': so, 'aot': spec.is_aot,\n"
-        "                  'engine': recipe['target'].get('engine')}))\n"
-    )
-    found = json.loads(
-        docker_client.containers.run(
-            image["reference"], entrypoint=["python", "-c", script], remove=True,
-            network_mode="none",
-        ).decode()
-    )  # fmt: skip
+    found = what_the_image_holds(docker_client, image["reference"], "vllm", GELU)
     assert found["versions"] == {
         "vllm": wheels["vllm"]["version"],
         "flashinfer-python": wheels["flashinfer"]["version"],
