@@ -1,7 +1,7 @@
 """The options an argparse parser accepts, as builder's static readers of an upstream's
 source report them (``sglang_parser`` for sglang's ``launch_server``): one ``Flag`` per
 option string, collected in a ``FlagTable`` that refuses a second registration of a string
-as argparse would, and ``match_option``, argparse's rule for abbreviations.
+as argparse would.
 """
 
 from __future__ import annotations
@@ -48,19 +48,3 @@ class FlagTable:
                 )
         for opt in option_strings:
             self.flags[opt] = Flag(option=opt, option_strings=tuple(option_strings), **kw)
-
-
-def match_option(token: str, flags: dict[str, Flag], allow_abbrev: bool = True) -> list[str]:
-    """Which option string(s) argparse would match ``token`` (e.g. ``--tp``) to.
-
-    Exact matches (also ``--opt=value``) win; otherwise, with ``allow_abbrev``,
-    every option string starting with the token (Python 3.11/3.12 argparse
-    rule). One result = accepted; several = argparse reports "ambiguous option";
-    none = "unrecognized arguments".
-    """
-    opt = token.split("=", 1)[0] if token.startswith("--") else token
-    if opt in flags:
-        return [opt]
-    if not allow_abbrev or not opt.startswith("--"):
-        return []
-    return sorted(o for o in flags if o.startswith(opt))

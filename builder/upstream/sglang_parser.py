@@ -475,8 +475,7 @@ def server_flags(package_dir: pathlib.Path | PackageFiles) -> dict[str, Flag]:
     ``package_dir`` is the ``sglang`` package folder (the one holding ``srt/``), or
     its files as ``PackageFiles``.
     Keys include aliases, ``--no-...`` forms of BooleanOptionalAction options,
-    and ``-h``/``--help``. Abbreviations (argparse ``allow_abbrev``) are not
-    keys; use ``match_option`` for those.
+    and ``-h``/``--help``. Abbreviations (argparse ``allow_abbrev``) are not keys.
     """
     files = package_files(package_dir)
     if not files.is_file("srt/server_args.py"):
