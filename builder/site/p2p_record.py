@@ -12,11 +12,12 @@ Whoever can write the record chooses what goes into the server's environment and
 `-pcie-ar` profile starts (security review #54). So it is believed only where the server's
 container cannot write it:
 - it lives in builder's own folder on the host, which no profile mounts (a profile mounts
-  read-write only under /var/lib/sglang/, builder/spec/launch.py); launch and doctor refuse a
-  record folder inside any folder the recipe mounts read-write (an operator's `--set` or
-  BUILDER_P2P_DIR could put them together), so nothing the server runs (a model's remote
-  code, a compromised sglang) can forge a verdict, delete an honest refusal, or put back an
-  older record that allowed what this one refuses;
+  read-write only under its engine's state folder, /var/lib/sglang/ or /var/lib/vllm/,
+  builder/spec/launch.py); launch and doctor refuse a record folder inside any folder the
+  recipe mounts read-write (an operator's `--set` or BUILDER_P2P_DIR could put them
+  together), so nothing the server runs (a model's remote code, a compromised sglang) can
+  forge a verdict, delete an honest refusal, or put back an older record that allowed what
+  this one refuses;
 - the folder is reached from / without following a symbolic link, and it and the record
   are owned by root or this user and writable by nobody else; the record is opened without
   following a link or waiting on a FIFO, must be a regular file of at most 1 MiB, and must
@@ -67,7 +68,7 @@ from builder.site.p2p_host import (
 SCHEMA = "builder-p2p-record"
 VERSION = 1
 DIR_ENV = P2P_DIR_ENV
-DEFAULT_DIR = "/var/lib/builder/p2p"  # outside /var/lib/sglang/, where profiles mount
+DEFAULT_DIR = "/var/lib/builder/p2p"  # outside the engines' state folders, where profiles mount
 MAX_RECORD_BYTES = 1 << 20  # eight GPUs' record is about 30 KB
 PCIE_AR_ENV = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
 HOME_IN_RECIPE = "$HOME"  # launch.HOME: a recipe's host paths, as the VM's shell expands them

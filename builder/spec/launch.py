@@ -35,8 +35,9 @@ from builder.spec.launch_profiles import (
 
 CONTAINER_MODEL_DIR = "/models"
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
-# An absolute host path: a system service has no $HOME (systemd sets none without User=).
-HF_CACHE_DEFAULT = "/var/lib/sglang/huggingface"
+# The Hugging Face cache's default, under the engine's state root (`hf_cache_default`): an
+# absolute host path, as a system service has no $HOME (systemd sets none without User=).
+HF_CACHE_FOLDER = "huggingface"
 # The image's entrypoint (images/sm120/serve.py) hands the key in this file to sglang.
 API_KEY_IN_CONTAINER = "/run/secrets/sglang-api-key"
 # On the container `launch` and compose start: what wait-ready and qualify check it against.
@@ -53,14 +54,14 @@ class Overrides:
     # for one (params_for).
     params: tuple[tuple[str, str], ...] = ()
     extra_args: tuple[str, ...] = ()
-    hf_cache: str | None = None  # None: HF_CACHE_DEFAULT
+    hf_cache: str | None = None  # None: hf_cache_default(the profile's engine)
     container_name: str | None = None
     bind: str = "127.0.0.1"  # host address the port is published on
     api_key_file: str | None = None  # mounted read-only; the key itself is never read here
     # Params a file supplies, not the operator: a sweep's chosen.json, or a profile's
     # fallback (named by `taken_from` in refusals). They win over `params` (a fallback is
     # tried for what it changes) but, like a profile's own, never mount outside
-    # SERVING_STATE_ROOT.
+    # the engine's state root.
     taken_params: tuple[tuple[str, str], ...] = ()
     taken_from: str = ""
 
@@ -87,7 +88,7 @@ class Recipe:
     hf_cache: str = ""  # the host folder mounted as the Hugging Face cache ("" for a folder model)
     api_key_file: str = ""  # absolute; mounted read-only
     extra_args: tuple[str, ...] = ()  # --extra-arg, appended to the profile's args
-    # (flag, host folder) of each read-write mount outside SERVING_STATE_ROOT: the
+    # (flag, host folder) of each read-write mount outside the engine's state root: the
     # operator's own flag on this command line put it there, and is told so.
     outside_state_root: tuple[tuple[str, str], ...] = ()
     # A line for each param the profile's `derived` table filled in from one the operator
@@ -96,6 +97,11 @@ class Recipe:
     # The tag the image was given by, when `image` is its digest: for people, never run.
     image_tag: str = ""
     engine: str = engines.DEFAULT  # whose server the args start (builder/spec/engines)
+
+    @property
+    def state_root(self) -> str:
+        """Where its engine's profiles mount read-write (`outside_state_root` says where not)."""
+        return state_root(self.engine)
 
     @property
     def model_is_local(self) -> bool:
@@ -242,6 +248,7 @@ def resolve(
 
     volumes: list[tuple[str, str, str]] = []
     outside: list[tuple[str, str]] = []
+    root = state_root(known.engine)
     given_model = overrides.model or (params["model"] if "model" in own else "")
     folder = model_dir(given_model) if given_model else None
     if not given_model and looks_like_path(params.get("model", "")):
@@ -261,10 +268,10 @@ def resolve(
         volumes.append((folder, params["model"], "ro"))
     else:
         model = params["model"] = given_model or params.get("model", "")
-        hf_cache = overrides.hf_cache or HF_CACHE_DEFAULT
+        hf_cache = overrides.hf_cache or hf_cache_default(known.engine)
         hf_cache = host_path(hf_cache, f"--hf-cache {hf_cache}")
         volumes.append((hf_cache, HF_CACHE_IN_CONTAINER, "rw"))
-        if not in_state_root(hf_cache):
+        if not in_state_root(hf_cache, root):
             outside.append(("--hf-cache", hf_cache))
 
     for volume in profile.get("volumes", []):
@@ -272,7 +279,7 @@ def resolve(
             raise BuilderError(f"{path}: profile '{name}' volumes need host and container")
         host = _substitute(volume["host"], params, f"profile '{name}' volumes", path)
         host, own_flag = _confine_volume(
-            volume, host, own, set(taken), overrides.taken_from, f"{path}: profile '{name}'"
+            volume, host, own, set(taken), overrides.taken_from, f"{path}: profile '{name}'", root
         )
         if own_flag:
             outside.append((own_flag, host))
@@ -370,27 +377,30 @@ def model_dir(model: str) -> str | None:
     )
 
 
-# Where a profile's writable volumes may live on the VM: the state folder builder's profiles
-# use, unless the operator names the folder with --set. A profile comes from an image's
-# recipe, which whoever pushed the image wrote: it does not choose what it mounts.
-SERVING_STATE_ROOT = "/var/lib/sglang"
+def state_root(engine: str) -> str:
+    """Where a profile of `engine` may mount read-write on the VM: its state folder
+    (/var/lib/sglang, /var/lib/vllm), unless the operator names the folder with --set. A
+    profile comes from an image's recipe, which whoever pushed the image wrote: it does not
+    choose what it mounts, nor a vLLM image's the folder sglang's caches are in."""
+    return engines.engine(engine).state_root
 
 
-def in_state_root(host: str) -> bool:
-    """Under SERVING_STATE_ROOT, as written: absolute, normal (no `..` climbing out)."""
-    return (
-        host.startswith("/")
-        and posixpath.normpath(host) == host
-        and host.startswith(f"{SERVING_STATE_ROOT}/")
-    )
+def hf_cache_default(engine: str) -> str:
+    return f"{state_root(engine)}/{HF_CACHE_FOLDER}"
+
+
+def in_state_root(host: str, root: str) -> bool:
+    """Under `root`, as written: absolute, normal (no `..` climbing out)."""
+    return host.startswith("/") and posixpath.normpath(host) == host and host.startswith(f"{root}/")
 
 
 def _confine_volume(
-    volume: dict, host: str, own: set[str], taken: set[str], taken_from: str, where: str
-) -> tuple[str, str]:
-    """(the host folder to mount, the operator's flag when it is theirs and outside
-    SERVING_STATE_ROOT, else ''); a folder anyone else chose outside it is refused: the
-    profile, or a param `taken` from `taken_from`."""
+    volume: dict, host: str, own: set[str], taken: set[str], taken_from: str, where: str,
+    root: str,
+) -> tuple[str, str]:  # fmt: skip
+    """(the host folder to mount, the operator's flag when it is theirs and outside `root`,
+    else ''); a folder anyone else chose outside it is refused: the profile, or a param
+    `taken` from `taken_from`."""
     template, container = volume["host"], volume["container"]
     if not (isinstance(template, str) and isinstance(container, str)):
         raise BuilderError(f"{where}: a volume's host and container must be strings")
@@ -403,18 +413,17 @@ def _confine_volume(
                 "takes a relative one for a named volume)"
             )
         folder = host_path(host, f"--set {key}={host}")
-        return folder, "" if in_state_root(folder) else f"--set {key}={host}"
-    if in_state_root(host):
+        return folder, "" if in_state_root(folder, root) else f"--set {key}={host}"
+    if in_state_root(host, root):
         return host, ""
     if key in taken:
         raise BuilderError(
             f"{taken_from}: {key}={host!r} would mount {host!r} read-write: outside "
-            f"{SERVING_STATE_ROOT}/ only your own --set {key}=DIR on the command line may"
+            f"{root}/ only your own --set {key}=DIR on the command line may"
         )
     how = f" (or --set {key}=DIR)" if key else ""
     raise BuilderError(
-        f"{where}: volume {host!r} refused: a profile mounts read-write only under "
-        f"{SERVING_STATE_ROOT}/{how}"
+        f"{where}: volume {host!r} refused: a profile mounts read-write only under {root}/{how}"
     )
 
 

@@ -489,6 +489,7 @@ def test_another_image_or_a_manifest_is_refused(swept: Path, tmp_path: Path, ima
         ("params", [["backend", "breakable"]], '[["backend", "breakable"]]'),
         ("profile", "q", '"q"'),
         ("partial", True, "true"),
+        ("engine", "vllm", '"vllm"'),  # another engine's state folder for its mounts
     ],
 )
 def test_chosen_json_says_what_its_receipt_records(
@@ -496,7 +497,10 @@ def test_chosen_json_says_what_its_receipt_records(
 ) -> None:
     """chosen.json alone edited: it no longer describes the server its receipt ran."""
     receipt = json.loads((swept / "p" / "receipt.json").read_text())
-    recorded = {"params": receipt["server"]["params"], "profile": "p", "partial": False}[field]
+    recorded = {
+        "params": receipt["server"]["params"], "profile": "p", "partial": False,
+        "engine": "sglang",
+    }[field]  # fmt: skip
 
     def edited(chosen: dict, _server: dict, _doc: dict) -> None:
         chosen[field] = value
@@ -505,6 +509,17 @@ def test_chosen_json_says_what_its_receipt_records(
     assert refused(deploy(tmp_path, swept)) == (
         f"{swept}/chosen.json: {field} {shown} is not what the receipt it cites "
         f"({swept}/p/receipt.json) records ({json.dumps(recorded)})"
+    )
+
+
+def test_chosen_json_names_an_engine_builder_knows(swept: Path, tmp_path: Path) -> None:
+    def unknown(chosen: dict, _server: dict, _doc: dict) -> None:
+        chosen["engine"] = "/var/lib"
+
+    forge(swept, unknown)
+    assert refused(deploy(tmp_path, swept)) == (
+        f"{swept}/chosen.json: not a builder-qualify-chosen/2 file (chosen.engine is not one "
+        "of sglang, vllm)"
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -642,6 +643,48 @@ def test_profile_volumes_under_the_state_folder_or_the_operator_s_own_are_mounte
     )
     with pytest.raises(BuilderError, match=r"'/' refused: .* \(or --set cache=DIR\)"):
         launch.resolve(root, "p", IMAGE, launch.Overrides())
+
+
+def test_a_vllm_profile_mounts_under_vllm_s_state_folder_not_sglang_s() -> None:
+    """Each engine's profiles mount read-write under its own folder: a vLLM image's recipe
+    cannot reach sglang's caches, and its Hugging Face cache defaults to its own."""
+    profiles = _recipe_profiles([{"host": "{cache}", "container": "/root/.cache/vllm"}])
+    vllm = dataclasses.replace(profiles, engine="vllm")
+    with pytest.raises(
+        BuilderError, match=r"'/var/lib/sglang/c' refused: .* only under /var/lib/vllm/ \(or"
+    ):
+        launch.resolve(vllm, "p", IMAGE, launch.Overrides())
+    in_its_folder = launch.Overrides(params=(("cache", "/var/lib/vllm/c"),))
+    own = launch.resolve(vllm, "p", IMAGE, in_its_folder)
+    assert own.outside_state_root == ()
+    assert ("/var/lib/vllm/c", "/root/.cache/vllm", "rw") in own.volumes
+    assert ("/var/lib/vllm/huggingface", "/root/.cache/huggingface", "rw") in own.volumes
+    # One download for a sweep across both engines: the operator's own flag says so.
+    shared_hub_cache = dataclasses.replace(in_its_folder, hf_cache="/var/lib/sglang/huggingface")
+    shared = launch.resolve(vllm, "p", IMAGE, shared_hub_cache)
+    assert shared.outside_state_root == (("--hf-cache", "/var/lib/sglang/huggingface"),)
+
+
+def test_hf_cache_help_names_each_engine_s_default() -> None:
+    import subprocess
+    import sys
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "builder.cli.main", "launch", "--help"],
+        capture_output=True, text=True, env={"COLUMNS": "400", "PATH": "/usr/bin:/bin"},
+    ).stdout  # fmt: skip
+    help_text = " ".join(shown.split())
+    for engine in ("sglang", "vllm"):
+        assert launch.hf_cache_default(engine) in help_text, engine
+
+
+def test_sm120_vllm_s_profiles_mount_only_under_var_lib_vllm() -> None:
+    profiles = launch_profiles.Profiles.of(REPO_ROOT / "images/sm120-vllm/target.toml")
+    assert profiles.engine == "vllm"
+    for name in profiles.profiles:
+        recipe = launch.resolve(profiles, name, IMAGE, launch.Overrides())
+        written = [host for host, _, mode in recipe.volumes if mode == "rw"]
+        assert written and all(host.startswith("/var/lib/vllm/") for host in written), written
 
 
 def test_a_recipe_s_default_model_cannot_mount_a_host_folder() -> None:

@@ -3,10 +3,11 @@ of the server its receipt qualified, and the result held against what that serve
 
 chosen.json and the receipt it cites are files in a folder: whoever can write there writes
 what they say. So the image is the receipt's, by digest; a param or HF cache they name
-mounts read-write only under /var/lib/sglang, unless the operator's own flag on this
-command line names the same folder; a flag the operator gives that says otherwise is
-refused, naming both values; and the compose command must be, argument by argument, the
-command the receipt's server ran, with the same host folders mounted.
+mounts read-write only under its engine's state folder (/var/lib/sglang, /var/lib/vllm),
+unless the operator's own flag on this command line names the same folder; a flag the
+operator gives that says otherwise is refused, naming both values; and the compose command
+must be, argument by argument, the command the receipt's server ran, with the same host
+folders mounted.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from builder.core.errors import BuilderError
 from builder.core.untrusted import printable
 from builder.site import sweep
 from builder.site.commands.qualify_run import redacted
-from builder.spec import launch, launch_profiles
+from builder.spec import engines, launch, launch_profiles
 
 RERUN = "re-run `builder qualify --sweep` with this builder"
 
@@ -45,6 +46,10 @@ class Chosen:
     @property
     def params(self) -> list[list[str]]:
         return self.choice["params"]
+
+    @property
+    def engine(self) -> str:
+        return self.choice.get("engine") or engines.DEFAULT
 
 
 def load(folder: str | Path) -> Chosen:
@@ -100,6 +105,8 @@ def _problem(choice: dict) -> str | None:
         return "chosen.image_ref is not an image"
     if not isinstance(choice.get("partial"), bool):
         return "chosen.partial is not true or false"
+    if choice.get("engine") not in (None, *engines.NAMES):
+        return f"chosen.engine is not one of {', '.join(engines.NAMES)}"
     served = choice.get("launch")
     if not isinstance(served, dict):
         return "chosen.launch does not say how the server was started"
@@ -187,6 +194,7 @@ def _agrees_with_receipt(chosen: Chosen) -> None:
             f"{printable(shown)}"
         )
     facts = (
+        ("engine", chosen.engine, server.get("engine") or engines.DEFAULT),
         ("profile", choice["profile"], server.get("profile")),
         ("params", choice["params"], server.get("params")),
         ("launch", choice["launch"], server.get("launch")),
@@ -210,10 +218,11 @@ def adopt(args: argparse.Namespace, chosen: Chosen) -> None:
     _refuse_contradictions(args, chosen)
     served = chosen.served_from
     hf_cache = served["hf_cache"]
-    if hf_cache and not launch.in_state_root(hf_cache) and args.hf_cache is None:
+    root = launch.state_root(chosen.engine)
+    if hf_cache and not launch.in_state_root(hf_cache, root) and args.hf_cache is None:
         raise BuilderError(
             f"{chosen.where}: its HF cache {printable(hf_cache)} is outside "
-            f"{launch.SERVING_STATE_ROOT}/: it is mounted read-write only when your own "
+            f"{root}/: it is mounted read-write only when your own "
             f"--hf-cache {printable(hf_cache)} on this command line says so"
         )
     args.image = chosen.choice["image_ref"]

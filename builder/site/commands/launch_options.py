@@ -107,7 +107,7 @@ def recipe_from_args(args: argparse.Namespace) -> tuple[launch.Recipe, str]:
     for flag, folder in recipe.outside_state_root:
         progress.info(
             escape(
-                f"{flag}: mounts {folder} read-write, outside {launch.SERVING_STATE_ROOT}/ "
+                f"{flag}: mounts {folder} read-write, outside {recipe.state_root}/ "
                 "(your own flag on this command line)"
             )
         )
@@ -233,7 +233,8 @@ def add_launch_options(command: argparse.ArgumentParser, skip: tuple[str, ...] =
         "--hf-cache",
         metavar="DIR",
         help="host folder for the Hugging Face cache, made absolute (a system service has no "
-        f"working directory or $HOME of yours) (default: {launch.HF_CACHE_DEFAULT})",
+        "working directory or $HOME of yours) (default: in the engine's state folder, "
+        "/var/lib/sglang/huggingface or /var/lib/vllm/huggingface)",
     )
     option("--name", help="container name (default: the profile's)")
     option(

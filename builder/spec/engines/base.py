@@ -76,6 +76,10 @@ class Engine(Protocol):
     # reports list them; `jit_cache_roots` says where each folder is.
     jit_caches: tuple[JitCache, ...]
     cache_volume: str  # the profiles' host volume that keeps them, as a message names it
+    # The folder on the GPU VM its profiles' read-write volumes live under (the Hugging Face
+    # cache's default among them): a profile, which whoever pushed the image wrote, mounts
+    # nothing else unless the operator's own flag names the folder.
+    state_root: str
 
     @property
     def stages(self) -> tuple[str, ...]: ...

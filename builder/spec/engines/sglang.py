@@ -74,6 +74,7 @@ class SglangEngine:
         JitCache("Triton", "triton", _KERNEL_FILES),
     )
     cache_volume = "sglang cache volume"
+    state_root = "/var/lib/sglang"
 
     @property
     def stages(self) -> tuple[str, ...]:

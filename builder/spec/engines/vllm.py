@@ -140,6 +140,7 @@ class VllmEngine:
         JitCache("DeepGEMM", "deep_gemm", (".cubin",), name_part=-2),
     )
     cache_volume = "vLLM cache volume"
+    state_root = "/var/lib/vllm"
 
     @property
     def stages(self) -> tuple[str, ...]:
