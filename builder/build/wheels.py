@@ -412,7 +412,8 @@ def build_wheel(
         ):
             if fork.release:
                 with progress.task(f"repack wheel {fork.wheel.dist_name} {version}"):
-                    built = repack(repo, result.fork_commit, fork, version, staging)
+                    release = cache_dir / "releases" / fork.release.filename
+                    built = repack(repo, result.fork_commit, fork, version, staging, release)
             else:
                 with progress.task(f"build wheel {fork.wheel.dist_name} {version}"):
                     source = _export_source(
