@@ -179,11 +179,12 @@ def _stdout_to_devnull() -> None:
 def main(argv: list[str] | None = None) -> int:
     global _json_asked
     arguments = sys.argv[1:] if argv is None else list(argv)
-    from builder.build import noop
+    if "image" in arguments:  # only `image` is replayed: its reader's imports are not free
+        from builder.build import noop
 
-    replayed = noop.replay(arguments)
-    if replayed is not None:
-        return replayed
+        replayed = noop.replay(arguments)
+        if replayed is not None:
+            return replayed
     from builder.core import progress
     from builder.core.options import print_json
 
