@@ -82,11 +82,17 @@ def push(
     return {**pushed, "tags": [tag, *human_tags]}
 
 
+# What the engine says of a layer once its push is settled: sent, or found in the registry
+# (already there, or mounted from another repository of it).
+_LAYER_DONE = ("Pushed", "Layer already exists", "Mounted from")
+
+
 def _push_tag(client: docker.DockerClient, local_reference: str, repository: str, tag: str) -> dict:
     image = client.images.get(local_reference)
     image.tag(repository, tag)
     digest = None
     error = None
+    layers: dict[str, str] = {}  # layer id -> the last word the engine said of it
     try:
         with progress.task(f"push {repository}:{tag}"):
             for chunk in client.images.push(
@@ -98,6 +104,9 @@ def _push_tag(client: docker.DockerClient, local_reference: str, repository: str
                 aux = chunk.get("aux") or {}
                 if aux.get("Digest"):
                     digest = aux["Digest"]
+                status = str(chunk.get("status") or "")
+                if chunk.get("id") and status.startswith(_LAYER_DONE):
+                    layers[str(chunk["id"])] = status
     except APIError as exc:
         error = str(exc.explanation or exc)
     if error or not digest:
@@ -111,9 +120,11 @@ def _push_tag(client: docker.DockerClient, local_reference: str, repository: str
                 f"{HOST_ENV}={registry_host(repository)})"
             )
         raise BuilderError(f"push to {repository} failed: {reason.strip()}{hint}")
+    sent = sum(1 for status in layers.values() if status == "Pushed")
     return {
         "repository": repository,
         "tag": tag,
         "digest": digest,
         "reference": f"{repository}@{digest}",
+        "layers": {"sent": sent, "present": len(layers) - sent},
     }

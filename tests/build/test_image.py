@@ -249,6 +249,10 @@ def test_push_with_auth_then_pull_by_digest(
     pushed = json.loads(result.stdout)["image"]["pushed"]
     assert pushed["digest"].startswith("sha256:")
     assert pushed["reference"] == f"{repository}@{pushed['digest']}"
+    # The base's one layer found in the registry, builder's own sent.
+    assert pushed["layers"]["present"] == 1 and pushed["layers"]["sent"] >= 3, pushed["layers"]
+    manifest = json.loads(Path(json.loads(result.stdout)["manifest"]).read_text())
+    assert manifest["image"]["pushed"]["layers"] == pushed["layers"]
     # The human tag beside the input tag: the same image, read back from the registry.
     assert pushed["tags"] == [pushed["tag"], "rc-1"]
     docker_client.images.remove(f"{repository}:rc-1")

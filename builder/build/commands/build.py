@@ -297,7 +297,11 @@ def cmd_image(args: argparse.Namespace) -> None:
         raise BuilderError(f"{publish_error} (image manifest written: {written})")
     lines = [f"image {result.reference}  id={result.image_id[:19]}"]
     if result.pushed:
-        lines.append(f"pushed {result.pushed['reference']}")
+        layers = result.pushed["layers"]
+        lines.append(
+            f"pushed {result.pushed['reference']} ({layers['sent']} layers sent, "
+            f"{layers['present']} already in the registry)"
+        )
     lines += [f"published {r['url']}" for records in (published or {}).values() for r in records]
     lines.append(f"manifest {written}")
     output = {"target": target.name, "image": image_record, "manifest": str(written)}
