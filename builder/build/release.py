@@ -66,6 +66,11 @@ def _file_link(index: str, dist: str, filename: str, what: str) -> tuple[str, st
     return found.url, found.sha256
 
 
+def cached(cache_dir: Path, filename: str) -> Path:
+    """Where a release file is kept in the cache (`download` puts it there)."""
+    return cache_dir / "releases" / filename
+
+
 def download(
     cache_dir: Path,
     fork: Fork,
@@ -80,7 +85,7 @@ def download(
     assert release is not None
     filename = filename or release.filename
     pinned = release.sha256 if filename == release.filename else None
-    path = cache_dir / "releases" / filename
+    path = cached(cache_dir, filename)
     if pinned and path.is_file() and sha256_file(path) == pinned:
         return path, pinned
     index = mirrors.rewrite(fork.url)

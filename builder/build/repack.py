@@ -21,13 +21,13 @@ from pathlib import Path
 import pygit2
 from pygit2.enums import FileMode
 
+from builder.build.release import IMPORT_MEMBER_LIMIT
 from builder.build.wheelfiles import Deflated, copyable, write_wheel
-from builder.build.zip_bounds import END_BYTES, ZIP_ERRORS, open_archive
+from builder.build.zip_bounds import END_BYTES, ZIP_ERRORS, check_member, open_archive
 from builder.core.errors import BuilderError
 from builder.spec.target import Fork
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, then the name's and extra's lengths
-_ENCRYPTED = 0x1
 
 
 def _tree_files(
@@ -77,11 +77,13 @@ class _ReleaseStreams:
             self._file is None
             or info is None
             or info.compress_type != zipfile.ZIP_DEFLATED
-            or info.flag_bits & _ENCRYPTED
             or not copyable(info.file_size)
         ):
             return None
         try:
+            # The import's bounds (encrypted, too large, a zip bomb's ratio): inflated only
+            # within them; a member outside them is the tree's blob, compressed again.
+            check_member(info, IMPORT_MEMBER_LIMIT, self._file.name)
             self._file.seek(info.header_offset)
             header = self._file.read(_LOCAL_HEADER.size)
             if len(header) != _LOCAL_HEADER.size:
@@ -93,7 +95,7 @@ class _ReleaseStreams:
             stream = self._file.read(info.compress_size)
             inflater = zlib.decompressobj(-zlib.MAX_WBITS)
             data = inflater.decompress(stream, info.file_size + 1)
-        except (*ZIP_ERRORS, zlib.error):
+        except (*ZIP_ERRORS, zlib.error, BuilderError):
             return None
         if len(data) != info.file_size or not inflater.eof or pygit2.hash(data) != blob:
             return None

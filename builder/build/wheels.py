@@ -26,6 +26,7 @@ import build
 import pygit2
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from builder.build import release
 from builder.build.patches import ForkResult, PatchFile
 from builder.build.repack import repack
 from builder.build.sources import export_tree
@@ -412,8 +413,8 @@ def build_wheel(
         ):
             if fork.release:
                 with progress.task(f"repack wheel {fork.wheel.dist_name} {version}"):
-                    release = cache_dir / "releases" / fork.release.filename
-                    built = repack(repo, result.fork_commit, fork, version, staging, release)
+                    kept = release.cached(cache_dir, fork.release.filename)
+                    built = repack(repo, result.fork_commit, fork, version, staging, kept)
             else:
                 with progress.task(f"build wheel {fork.wheel.dist_name} {version}"):
                     source = _export_source(
